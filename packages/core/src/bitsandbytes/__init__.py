@@ -1,0 +1,23 @@
+"""bitsandbytes, portable edition: k-bit quantization and 8-bit optimizers for PyTorch on every device.
+
+This distribution is the pure-Python core: the public API, the op schemas, a reference kernel for
+every op and the conformance suite. Native kernels come from backend plugins (``bitsandbytes-cpu``,
+``bitsandbytes-cuda``, ``bitsandbytes-mps`` or third-party ones) found through the entry-point group
+``bitsandbytes.backends``.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from . import _ops, _reference, functional  # noqa: F401  (op definitions and default kernels)
+from .backends import load_backends as _load_backends
+
+try:
+    __version__ = version("bitsandbytes")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "1.0.0.dev0"
+
+# Read by accelerate and transformers to decide that non-CUDA devices are supported.
+features = {"multi_backend"}
+supported_torch_devices = {"cpu", "cuda", "xpu", "hpu", "npu", "mps"}
+
+_load_backends()

@@ -1,0 +1,113 @@
+"""Argument checks shared by the fake kernels, the reference kernels and every backend.
+
+Each op's contract is enforced in one place so that a wrong call fails the same way on every device
+and under torch.compile: ``TypeError`` for a wrong dtype or type, ``ValueError`` for a wrong value,
+shape, length or device, always naming the argument and what was expected. The checks only read
+metadata (never tensor values), so they cost no device synchronisation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Block sizes that every backend must accept (upstream 0.50 accepts these on its CUDA backend).
+BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+QUANT_TYPES = ("nf4", "fp4")
+# Storage dtypes a packed 4-bit tensor may be viewed as (upstream: any dtype the FSDP shards use).
+QUANT_STORAGE_DTYPES = (torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.float32)
+OPTIMIZER_NAMES = ("adam", "momentum", "rmsprop", "lion", "adagrad", "ademamix", "lamb", "lars")
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def dtype(name: str, t: torch.Tensor, allowed: Sequence[torch.dtype]) -> None:
+    tensor(name, t)
+    if t.dtype not in allowed:
+        raise TypeError(f"{name} must have dtype {_names(allowed)}; got {_names([t.dtype])}")
+
+
+def dtype_arg(name: str, d: object, allowed: Sequence[torch.dtype]) -> None:
+    if not isinstance(d, torch.dtype) or d not in allowed:
+        got = _names([d]) if isinstance(d, torch.dtype) else repr(d)
+        raise TypeError(f"{name} must be one of {_names(allowed)}; got {got}")
+
+
+def same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None) -> None:
+    for name, t in others.items():
+        if t is None:
+            continue
+        tensor(name, t)
+        if t.device != ref.device:
+            raise ValueError(f"{name} must be on the same device as {ref_name} ({ref.device}); got {t.device}")
+
+
+def contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first); got strides {tuple(t.stride())}")
+
+
+def blocksize(b: object, allowed: Sequence[int] = BLOCKSIZES) -> None:
+    if isinstance(b, bool) or not isinstance(b, int) or b not in allowed:
+        raise ValueError(f"blocksize must be one of {', '.join(map(str, allowed))}; got {b!r}")
+
+
+def quant_type(q: object) -> None:
+    if q not in QUANT_TYPES:
+        raise ValueError(f"quant_type must be 'nf4' or 'fp4'; got {q!r}")
+
+
+def numel(name: str, t: torch.Tensor, expected: int, why: str) -> None:
+    if t.numel() != expected:
+        raise ValueError(f"{name} must have {expected} elements ({why}); got {t.numel()}")
+
+
+def ndim(name: str, t: torch.Tensor, expected: int) -> None:
+    if t.dim() != expected:
+        raise ValueError(f"{name} must be {expected}-D; got shape {tuple(t.shape)}")
+
+
+def n_blocks(n: int, block: int) -> int:
+    return -(n // -block)
+
+
+def shape_arg(name: str, shape: object) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(s) for s in shape)  # type: ignore[union-attr]
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of ints; got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{name} must not contain negative sizes; got {list(dims)}")
+    return dims
+
+
+def packed_4bit_bytes(n: int) -> int:
+    """Bytes that hold ``n`` 4-bit codes, two per byte, the first in the high nibble."""
+    return (n + 1) // 2
+
+
+def out_tensor(out: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
+    tensor("out", out)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}; got {tuple(out.shape)}")
+    if out.dtype != dtype:
+        raise TypeError(f"out must have dtype {_names([dtype])}; got {_names([out.dtype])}")
+    if out.device != device:
+        raise ValueError(f"out must be on {device}; got {out.device}")
+    contiguous("out", out)
+
+
+def finite_scalar(name: str, x: object) -> None:
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite number; got {x!r}")

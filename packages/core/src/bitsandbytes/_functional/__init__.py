@@ -1,0 +1,1 @@
+"""Implementation modules of ``bitsandbytes.functional``, one per op family."""

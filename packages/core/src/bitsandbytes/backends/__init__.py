@@ -1,0 +1,5 @@
+"""Backend discovery (placeholder: being written)."""
+
+
+def load_backends() -> None:
+    pass
