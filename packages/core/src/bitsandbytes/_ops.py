@@ -168,7 +168,8 @@ def check_dequantize_4bit(
     have = A.numel() * A.element_size()
     if have < c.packed_4bit_bytes(n):
         raise ValueError(
-            f"A holds {have} bytes of packed 4-bit codes, fewer than the {c.packed_4bit_bytes(n)} that shape {list(dims)} needs"
+            f"A holds {have} bytes of packed 4-bit codes, fewer than the "
+            f"{c.packed_4bit_bytes(n)} that shape {list(dims)} needs"
         )
     c.numel("absmax", absmax, c.n_blocks(n, blocksize), f"one per block of {blocksize} elements of shape {list(dims)}")
     return dims
@@ -317,14 +318,15 @@ def _(A, stats):
     return torch.empty_like(A, dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
-def check_int8_linear_matmul(A: torch.Tensor, B: torch.Tensor) -> tuple[int, ...]:
-    c.dtype("A", A, (torch.int8,))
-    c.dtype("B", B, (torch.int8,))
-    c.same_device("A", A, B=B)
+def check_int8_linear_matmul(A: torch.Tensor, B: torch.Tensor, names: tuple[str, str] = ("A", "B")) -> tuple[int, ...]:
+    a, b = names  # the ops that wrap this one call their operands CA and CB
+    c.dtype(a, A, (torch.int8,))
+    c.dtype(b, B, (torch.int8,))
+    c.same_device(a, A, **{b: B})
     if A.dim() < 1 or B.dim() != 2:
-        raise ValueError(f"A must be [..., K] and B [N, K]; got A {tuple(A.shape)} and B {tuple(B.shape)}")
+        raise ValueError(f"{a} must be [..., K] and {b} [N, K]; got {a} {tuple(A.shape)} and {b} {tuple(B.shape)}")
     if A.shape[-1] != B.shape[1]:
-        raise ValueError(f"A's last dimension ({A.shape[-1]}) must equal B.shape[1] ({B.shape[1]})")
+        raise ValueError(f"{a}'s last dimension ({A.shape[-1]}) must equal {b}.shape[1] ({B.shape[1]})")
     return (*A.shape[:-1], B.shape[0])
 
 
@@ -384,7 +386,7 @@ def _(A, B, row_stats, col_stats, bias=None, dtype=None):
 
 def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None) -> tuple[int, ...]:
     c.dtype("A", A, c.FLOAT_DTYPES)
-    shape = check_int8_linear_matmul(CA, CB)
+    shape = check_int8_linear_matmul(CA, CB, names=("CA", "CB"))
     if tuple(A.shape) != tuple(CA.shape):
         raise ValueError(f"A and CA must have the same shape; got {tuple(A.shape)} and {tuple(CA.shape)}")
     c.dtype("SCA", SCA, (torch.float32,))
@@ -404,8 +406,10 @@ def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None
 @fake("int8_mixed_scaled_mm")
 def _(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None):
     shape = check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)
-    n_outliers = torch.library.get_ctx().new_dynamic_size()
-    return A.new_empty(shape), A.new_empty((n_outliers,), dtype=torch.int64)
+    # subA: A's outlier columns, [..., n_outliers]; upstream's fake says int64 of dynamic length, but the
+    # kernel returns A[:, outlier_cols], whose shape outlier_cols fixes.
+    n_outliers = 0 if outlier_cols is None else outlier_cols.shape[0]
+    return A.new_empty(shape), A.new_empty((*A.shape[:-1], n_outliers))
 
 
 def check_int8_double_quant(A: torch.Tensor, threshold: float) -> None:
@@ -419,6 +423,8 @@ def _(A, threshold=0.0):
     out_col = torch.empty_like(A, dtype=torch.int8, memory_format=torch.contiguous_format)
     row_stats = A.new_empty((_rows(A),), dtype=torch.float32)
     col_stats = A.new_empty((A.shape[-1],), dtype=torch.float32)
+    if threshold == 0.0:
+        return out_row, out_col, row_stats, col_stats, None
     n_outliers = torch.library.get_ctx().new_dynamic_size()
     return out_row, out_col, row_stats, col_stats, A.new_empty((n_outliers,), dtype=torch.int64)
 

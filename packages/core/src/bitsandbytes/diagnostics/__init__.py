@@ -1,0 +1,1 @@
+"""``python -m bitsandbytes``: versions, backend status, op coverage and a self-test."""

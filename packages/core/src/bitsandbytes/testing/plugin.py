@@ -1,0 +1,89 @@
+"""pytest plugin, loaded through the ``pytest11`` entry point: the ``--bnb-device`` option and the
+``bnb_device`` fixture that the conformance suite runs on.
+
+A device that torch knows but this machine lacks (``--bnb-device cuda`` on a laptop) makes every test
+that asks for ``bnb_device`` skip, with a reason that names the device and why it is missing, so a
+run can never pass by accident on the wrong hardware. A string torch does not know as a device is a
+usage error (pytest exit code 4), so a typo cannot turn into a silent all-skip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+DEFAULT_DEVICE = "cpu"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("bitsandbytes", "bitsandbytes conformance suite").addoption(
+        "--bnb-device",
+        action="store",
+        default=DEFAULT_DEVICE,
+        dest="bnb_device",
+        metavar="DEVICE",
+        help="torch device the bitsandbytes conformance suite tests (e.g. cpu, cuda, cuda:1, mps, xpu); "
+        f"default {DEFAULT_DEVICE}",
+    )
+
+
+def parse_device(spec: str):
+    """``torch.device(spec)``, or a ``ValueError`` naming the option when torch does not know it."""
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(f"--bnb-device {spec!r} is not a torch device: {e}") from None
+    if device.type == "meta":
+        # Meta tensors carry no values, so there is nothing to compare; opcheck covers meta instead.
+        raise ValueError("--bnb-device 'meta' has no data to compare; the fake kernels are tested by opcheck")
+    return device
+
+
+def unavailable_reason(device) -> str | None:
+    """Why ``device`` cannot run here, naming it; None when it can."""
+    import torch
+
+    if device.type == "cpu":
+        return None
+    name = str(device)
+    if device.type == "mps":
+        if not torch.backends.mps.is_available():
+            return f"device {name!r} is not available: torch.backends.mps.is_available() is False"
+        return None
+    runtime = getattr(torch, device.type, None)
+    is_available = getattr(runtime, "is_available", None)
+    if is_available is None:
+        return f"device {name!r} is not available: torch has no torch.{device.type}.is_available() to ask"
+    if not is_available():
+        return f"device {name!r} is not available: torch.{device.type}.is_available() is False"
+    count = getattr(runtime, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        return f"device {name!r} is not available: torch.{device.type}.device_count() is {count()}"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec = config.getoption("bnb_device", DEFAULT_DEVICE)
+    try:
+        config._bnb_device = parse_device(spec)  # type: ignore[attr-defined]
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    device = getattr(config, "_bnb_device", None)
+    if device is None:
+        return None
+    reason = unavailable_reason(device)
+    return f"bitsandbytes conformance device: {device}" + (f" (skipping: {reason})" if reason else "")
+
+
+@pytest.fixture(scope="session")
+def bnb_device(pytestconfig: pytest.Config):
+    """The torch.device under test (``--bnb-device``); skips, naming the device, when it is missing here."""
+    device = pytestconfig._bnb_device  # type: ignore[attr-defined]
+    reason = unavailable_reason(device)
+    if reason is not None:
+        pytest.skip(reason)
+    return device
