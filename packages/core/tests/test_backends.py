@@ -17,7 +17,7 @@ from bitsandbytes.backends.plugin import parse_api_version, validate
 
 DIST, DIST_VERSION = "bnb-plugins-test", "2.3"
 
-PLUGINS = '''
+PLUGINS = """
 import torch
 from bitsandbytes.backends import Backend
 
@@ -65,7 +65,7 @@ def _must_not_load():
 
 
 away = Backend("away", ["cuda"], api_version="1.0", is_available=lambda: False, load=_must_not_load)
-'''
+"""
 
 NAMES = ("good", "obj", "raising", "oldapi", "newapi", "unknown", "notcallable", "stray", "away")
 FAILING = ("raising", "oldapi", "newapi", "unknown", "notcallable", "stray")
@@ -128,7 +128,10 @@ def test_every_plugin_kind_and_failure(site):
 
     reasons = {n: recs[n]["reason"] for n in FAILING}
     assert "ValueError: kaboom" in reasons["raising"] and "bnb_plugins_test.py" in reasons["raising"]
-    for name, theirs, fix in (("oldapi", "0.3", f"pip install -U {DIST}"), ("newapi", "2.0", "pip install -U bitsandbytes")):
+    for name, theirs, fix in (
+        ("oldapi", "0.3", f"pip install -U {DIST}"),
+        ("newapi", "2.0", "pip install -U bitsandbytes"),
+    ):
         assert theirs in reasons[name] and API_VERSION in reasons[name] and fix in reasons[name]
     assert "bitsandbytes::not_an_op" in reasons["unknown"]
     assert "not_an_op" not in " ".join(reasons[n] for n in FAILING if n != "unknown")
@@ -221,7 +224,11 @@ def test_backend_defaults_and_callables():
     assert plain.is_available() is True and plain.diagnostics() == {} and plain.load() is None
     calls = []
     b = Backend(
-        "x", ["cpu"], api_version="1.0", load=lambda: calls.append("load"), is_available=lambda: 0,
+        "x",
+        ["cpu"],
+        api_version="1.0",
+        load=lambda: calls.append("load"),
+        is_available=lambda: 0,
         diagnostics=lambda: [("k", "v")],
     )
     b.load()

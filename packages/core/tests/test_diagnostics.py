@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ from plugin_dist import make_dist, run_python
 
 from bitsandbytes._ops import OPS
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.backends import MissingBackendWarning, devices, discovery, dispatch
-from bitsandbytes.backends.discovery import BackendRecord
+from bitsandbytes.backends import MissingBackendWarning, devices, discovery, dispatch, records
+from bitsandbytes.backends.discovery import GROUP
 from bitsandbytes.diagnostics.main import main
 from bitsandbytes.diagnostics.report import render, table
 from bitsandbytes.diagnostics.selftest import run_self_test
@@ -32,8 +33,13 @@ def cpu_kernels():
     lib._destroy()
 
 
+def installed_kernels() -> set[tuple[str, str]]:
+    """(op, device type) of every kernel the backends installed in this environment registered."""
+    return {kernel for r in records() for kernel in r.kernels}
+
+
 @pytest.fixture
-def records():
+def fake_records():
     """Let a test replace the process' backend records; put the real ones back afterwards."""
     saved = list(discovery.RECORDS)
     yield discovery.RECORDS
@@ -48,15 +54,21 @@ def test_coverage_is_read_from_the_dispatcher(cpu_kernels):
         }
 
     devs = ("cpu", "cuda", "mps")
-    assert dispatch.coverage(devs) == expected(set())
+    base = installed_kernels()
+    assert dispatch.coverage(devs) == expected(base)
     cpu_kernels("dequantize_4bit.out", lambda *args: None)
     cpu_kernels("int8_vectorwise_dequant", lambda *args: None)
-    assert dispatch.coverage(devs) == expected({("dequantize_4bit.out", "cpu"), ("int8_vectorwise_dequant", "cpu")})
+    added = {("dequantize_4bit.out", "cpu"), ("int8_vectorwise_dequant", "cpu")}
+    assert dispatch.coverage(devs) == expected(base | added)
 
 
 def test_dispatch_keys_of_device_types():
     assert [dispatch.dispatch_key(d) for d in ("cpu", "cuda", "mps", "xpu", "hpu")] == [
-        "CPU", "CUDA", "MPS", "XPU", "HPU",
+        "CPU",
+        "CUDA",
+        "MPS",
+        "XPU",
+        "HPU",
     ]
     renamed = torch._C._get_privateuse1_backend_name()
     assert dispatch.dispatch_key(renamed) == "PrivateUse1" and dispatch.device_type("PrivateUse1") == renamed
@@ -74,7 +86,8 @@ def test_self_test_passes_on_the_reference():
     results = run_self_test(["cpu"])
     assert [r.name for r in results] == ["4-bit", "8-bit blockwise", "int8"]
     assert all(r.ok for r in results), [r.detail for r in results]
-    assert all(r.native == () for r in results)
+    native_here = {op for op, device in installed_kernels() if device == "cpu"}
+    assert all(set(r.native) <= native_here for r in results)
 
 
 def test_self_test_catches_a_native_kernel_that_disagrees_with_the_reference(cpu_kernels, capsys):
@@ -95,12 +108,13 @@ def test_report_of_this_process_is_clean(capsys):
     out = capsys.readouterr().out
     assert f"torch     {torch.__version__}" in out
     assert "python    " + ".".join(map(str, sys.version_info[:3])) in out
+    cell = r"(reference|native \([\w.-]+\))"
     for op in OPS:
-        assert re.search(rf"^  {re.escape(op)}\s+reference\s+reference\s+reference\s+reference$", out, re.M)
+        assert re.search(rf"^  {re.escape(op)}\s+{cell}\s+{cell}\s+{cell}\s+{cell}$", out, re.M), op
     assert "No problems found." in out
 
 
-def test_missing_accelerator_backend_names_the_extra(monkeypatch, records):
+def test_missing_accelerator_backend_names_the_extra(monkeypatch, fake_records, tmp_path):
     monkeypatch.setattr(devices, "accelerators", lambda: ["cuda", "mps", "xpu"])
     monkeypatch.delenv("BNB_BACKENDS", raising=False)
     monkeypatch.delenv("BNB_STRICT_BACKENDS", raising=False)
@@ -115,9 +129,21 @@ def test_missing_accelerator_backend_names_the_extra(monkeypatch, records):
     assert any("cuda: no backend installed" in line and "bitsandbytes[cuda]" in line for line in lines)
     assert problems == []  # a hint, not a failure
 
-    # A backend that claims the device silences it, even when it is not usable right now.
-    records[:] = [BackendRecord("c", "m:c", status="skipped", device_types=("cuda",))]
+    # A backend that claims the device replaces the hint; when it says it cannot run here, that is the warning.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "idle_gpu_plugin.py").write_text(
+        "from bitsandbytes.backends import Backend\n"
+        "backend = Backend('gpu', ['cuda'], api_version='1.0', is_available=lambda: False)\n"
+    )
+    entry = metadata.EntryPoint(name="gpu", value="idle_gpu_plugin:backend", group=GROUP)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        discovery.load_backends(entry_points=[entry])
+    messages = [str(w.message) for w in caught if w.category is MissingBackendWarning]
+    assert len(messages) == 3 and "'gpu'" in messages[2] and "cannot run on this machine" in messages[2]
+    assert not any("bitsandbytes[cuda]" in m for m in messages)
     assert discovery.missing_accelerators() == ["mps", "xpu"]
+
     monkeypatch.setattr(devices, "is_rocm", lambda: True)
     assert "ROCm" in devices.install_hint("cuda")
 
@@ -132,8 +158,13 @@ def test_cli_shows_versions_statuses_and_tracebacks(tmp_path):
     def broken():
         raise RuntimeError("boom")
     """
-    site = make_dist(tmp_path, "bnb-cli-test", "0.4.2", {"good": "cli_plugin:good", "broken": "cli_plugin:broken"},
-                     {"cli_plugin": source})
+    site = make_dist(
+        tmp_path,
+        "bnb-cli-test",
+        "0.4.2",
+        {"good": "cli_plugin:good", "broken": "cli_plugin:broken"},
+        {"cli_plugin": source},
+    )
     proc = run_python(["-m", "bitsandbytes", "--verbose"], site)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout

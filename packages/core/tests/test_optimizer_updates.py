@@ -260,6 +260,18 @@ def test_32bit_max_unorm_clips_update(name):
         close(update_norm, max_unorm * before.double().norm(), rtol=1e-2, atol=0)
 
 
+def test_32bit_max_unorm_limit_adds_eps_for_one_state_optimizers():
+    # One-state rules (lars) clip at max_unorm * ||p|| + eps, two-state ones (lamb) at max_unorm * ||p||.
+    n, lr, eps, max_unorm = 300, 1e-2, 0.5, 0.01
+    for name, extra in (("lars", eps), ("lamb", 0.0)):
+        p, state1, state2 = make_32bit(name, n)
+        before = p.double().clone()
+        F.optimizer_update_32bit(name, grads(n, 1)[0], p, state1, 0.9, eps, 1, lr, state2, 0.999,
+                                 unorm_vec=torch.zeros(1), max_unorm=max_unorm)  # fmt: skip
+        update_norm = (p.double() - before).norm() / lr
+        close(update_norm, max_unorm * before.norm() + extra, rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("name", ["lamb", "lars"])
 def test_32bit_max_unorm_leaves_small_updates(name):
     n = 300
@@ -480,6 +492,12 @@ def test_8bit_weight_decay_and_gnorm_scale(name):
     close(p, exp_p, rtol=1e-5, atol=1e-6)
 
 
+def test_8bit_empty():
+    p, state1, state2, absmax1, absmax2 = make_8bit("ademamix", 0)
+    step_8bit("ademamix", torch.empty(0), p, state1, state2, absmax1, absmax2, 1)
+    assert p.numel() == 0 and absmax1.shape == (2, 0)
+
+
 def test_8bit_nonfinite_gradient_poisons_only_its_block():
     n = 2 * BLOCK
     p, state1, state2, absmax1, absmax2 = make_8bit("adam", n)
@@ -583,8 +601,11 @@ BAD_8BIT = {
     "absmax dtype": (lambda a: _replace(a, absmax1=a["absmax1"].half()), TypeError, "absmax1"),
     "qmap1 size": (lambda a: _replace(a, qmap1=QMAP1[:255]), ValueError, "qmap1"),
     "missing qmap2": (lambda a: _replace(a, qmap2=None), ValueError, "qmap2"),
-    "non-contiguous state1": (lambda a: _replace(a, state1=torch.zeros(600, dtype=torch.uint8)[::2]), ValueError,
-                              "state1"),
+    "non-contiguous state1": (
+        lambda a: _replace(a, state1=torch.zeros(600, dtype=torch.uint8)[::2]),
+        ValueError,
+        "state1",
+    ),
     "device mismatch": (lambda a: _replace(a, absmax2=torch.zeros(2, device="meta")), ValueError, "absmax2"),
 }
 

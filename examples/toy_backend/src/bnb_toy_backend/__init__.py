@@ -8,6 +8,7 @@ Upstream's plain-callable form works too: point the entry point at ``register`` 
 """
 
 import torch
+
 from bitsandbytes.backends import Backend
 
 # 1/127 rounded to fp32, as upstream's kernels use it.

@@ -7,7 +7,7 @@ import torch
 from .. import _checks as c
 from .._ops import check_optimizer_update_8bit_blockwise, check_optimizer_update_32bit
 
-__all__ = ["optimizer_update_32bit", "optimizer_update_8bit_blockwise", "percentile_clipping"]
+__all__ = ["optimizer_update_8bit_blockwise", "optimizer_update_32bit", "percentile_clipping"]
 
 # Length of the gradient-norm history that percentile_clipping keeps (upstream's fixed size).
 GNORM_HISTORY = 100
@@ -157,4 +157,3 @@ def percentile_clipping(
         clip_value = torch.sort(gnorm_vec).values[percentile].sqrt()
         gnorm_scale = torch.where(current_gnorm > clip_value, clip_value / current_gnorm, torch.ones_like(clip_value))
     return current_gnorm, clip_value, gnorm_scale
-

@@ -23,6 +23,7 @@ from . import devices, dispatch
 from .plugin import API_VERSION, Backend, parse_api_version, validate
 
 GROUP = "bitsandbytes.backends"
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class BackendLoadWarning(UserWarning):
@@ -44,6 +45,7 @@ class _Rejected(Exception):
 LOADED = "loaded"
 SKIPPED = "skipped"  # on purpose: not selected, or not available on this machine
 FAILED = "failed"  # broken: the reason says why
+UNAVAILABLE = "not available on this machine (is_available() returned false)"
 
 
 @dataclass
@@ -54,7 +56,7 @@ class BackendRecord:
     target: str  # the entry point's "module:attr"
     dist: str | None = None
     dist_version: str | None = None
-    kind: str = "?"  # "callable" or "Backend" once the target is imported
+    kind: str = "-"  # "callable" or "Backend" once the target is imported
     status: str = SKIPPED
     reason: str = ""  # one line, set unless loaded
     traceback: str = ""  # full traceback when the plugin raised
@@ -127,7 +129,12 @@ def _undo(libraries: Iterable[torch.library.Library]) -> None:
 
 
 def _where(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
+    # The innermost frame of the plugin's own code; the import machinery's frames say nothing.
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<", _HERE)) and os.sep + "importlib" + os.sep not in f.filename
+    ]
     if not frames:
         return ""
     last = frames[-1]
@@ -229,7 +236,7 @@ def load_one(ep: metadata.EntryPoint, selected: set[str] | None = None) -> Backe
             if loaded:
                 record.status = LOADED
             else:
-                record.reason = "not available on this machine (is_available() returned false)"
+                record.reason = UNAVAILABLE
         except _Rejected as exc:
             record.status, record.reason = FAILED, str(exc)
         except (Exception, SystemExit) as exc:
@@ -262,23 +269,39 @@ def load_backends(entry_points: Iterable[metadata.EntryPoint] | None = None) -> 
         unknown = sorted(selected - {r.name for r in RECORDS})
         if unknown:
             installed = ", ".join(r.name for r in RECORDS) or "none"
-            problems.append(f"BNB_BACKENDS names backends that are not installed: {', '.join(unknown)} "
-                            f"(installed: {installed})")
+            problems.append(
+                f"BNB_BACKENDS names backends that are not installed: {', '.join(unknown)} (installed: {installed})"
+            )
     if strict and problems:
         raise BackendLoadError("; ".join(problems) + " [BNB_STRICT_BACKENDS=1]")
     for problem in problems:
-        warnings.warn(f"bitsandbytes: {problem}; skipped (python -m bitsandbytes shows details)",
-                      BackendLoadWarning, stacklevel=2)
+        warnings.warn(
+            f"bitsandbytes: {problem}; skipped (python -m bitsandbytes shows details)", BackendLoadWarning, stacklevel=2
+        )
 
     if selected is None:  # with BNB_BACKENDS set, the user chose what runs
-        for device in missing_accelerators():
-            warnings.warn(
-                f"bitsandbytes: a {device} device is present but no backend for it is installed, so the "
-                f"(slow) reference kernels run on it. Fix: {devices.install_hint(device)}",
-                MissingBackendWarning,
-                stacklevel=2,
-            )
+        _warn_about_accelerators()
     return RECORDS
+
+
+def _warn_about_accelerators() -> None:
+    for device in missing_accelerators():
+        warnings.warn(
+            f"bitsandbytes: a {device} device is present but no backend for it is installed, so the "
+            f"(slow) reference kernels run on it. Fix: {devices.install_hint(device)}",
+            MissingBackendWarning,
+            stacklevel=3,
+        )
+    present = set(devices.accelerators())
+    for r in RECORDS:
+        idle = sorted(present & set(r.device_types))
+        if r.reason == UNAVAILABLE and idle:
+            warnings.warn(
+                f"bitsandbytes: backend {r.name!r} ({r.dist or r.target}) for {', '.join(idle)} says it cannot "
+                "run on this machine, so the reference kernels run instead (python -m bitsandbytes shows details)",
+                MissingBackendWarning,
+                stacklevel=3,
+            )
 
 
 def missing_accelerators(records: Iterable[BackendRecord] | None = None) -> list[str]:

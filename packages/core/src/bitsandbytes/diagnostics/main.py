@@ -21,9 +21,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m bitsandbytes",
         description="Show versions, backend plugins and which ops run natively on which device.",
     )
-    parser.add_argument(
-        "--self-test", action="store_true", help="also run a few small ops on every available device"
-    )
+    parser.add_argument("--self-test", action="store_true", help="also run a few small ops on every available device")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the traceback of each failed backend")
     return parser
 

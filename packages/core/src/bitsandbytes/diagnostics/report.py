@@ -9,10 +9,9 @@ from importlib import metadata
 
 import torch
 
-from ..backends import API_VERSION, dispatch, records
-from ..backends import devices
+from ..backends import API_VERSION, GROUP, devices, dispatch, records
 from ..backends.devices import EXTRAS, install_hint, is_rocm
-from ..backends.discovery import BackendRecord, missing_accelerators
+from ..backends.discovery import LOADED, BackendRecord, missing_accelerators
 
 
 def _version(dist: str) -> str:
@@ -39,15 +38,17 @@ def _accelerator_lines() -> list[tuple[str, str]]:
     return rows
 
 
-def table(header: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
-    """Left-aligned columns; the last column is not padded (it may be a long message)."""
-    rows = [list(map(str, r)) for r in rows]
-    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = []
-    for row in [list(header), *rows]:
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)] + [row[-1]]
-        lines.append((indent + "  ".join(cells)).rstrip())
-    return lines
+def table(header: Sequence[str] | None, rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns (``header=None``: no header line); the last column is not padded."""
+    body = [list(map(str, r)) for r in rows]
+    lines = body if header is None else [list(header), *body]
+    if not lines:
+        return []
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return [
+        (indent + "  ".join([c.ljust(w) for c, w in zip(line[:-1], widths[:-1], strict=True)] + [line[-1]])).rstrip()
+        for line in lines
+    ]
 
 
 def _dist(record: BackendRecord) -> str:
@@ -59,68 +60,72 @@ def device_columns(recs: Sequence[BackendRecord]) -> tuple[str, ...]:
     return (*dispatch.DEFAULT_DEVICE_TYPES, *extra)
 
 
-def render(verbose: bool = False) -> tuple[list[str], list[str]]:
-    """The report's lines, and the problems found (empty when nothing is broken)."""
-    import bitsandbytes
+def _environment() -> list[str]:
+    rows = [
+        ("python", f"{platform.python_version()} ({platform.python_implementation()}) {sys.executable}"),
+        ("platform", platform.platform()),
+        ("torch", torch.__version__),
+        *[(f"  {name}", state) for name, state in _accelerator_lines()],
+    ]
+    return ["", "Environment", *table(None, rows)]
 
-    recs = records()
-    problems: list[str] = []
-    out = [f"bitsandbytes {bitsandbytes.__version__} (distribution {_version('bitsandbytes')}, plugin API {API_VERSION})"]
-    out += ["", "Environment"]
-    out += table(
-        ("", ""),
-        [
-            ("python", f"{platform.python_version()} ({platform.python_implementation()}) {sys.executable}"),
-            ("platform", platform.platform()),
-            ("torch", torch.__version__),
-            *[(f"  {name}", state) for name, state in _accelerator_lines()],
-        ],
-    )[1:]
 
-    out += ["", f"Backends (entry points in the group {bitsandbytes.backends.GROUP!r})"]
+def _backends(recs: Sequence[BackendRecord], verbose: bool, problems: list[str]) -> list[str]:
+    out = ["", f"Backends (entry points in the group {GROUP!r})"]
     if not recs:
-        out.append("  none installed: every op runs the core's reference kernels")
-    else:
-        rows = []
-        for r in recs:
-            rows.append((r.name, _dist(r), r.kind, ",".join(r.device_types) or "-", r.summary()))
-            if r.failed:
-                problems.append(f"backend {r.name!r} failed: {r.reason}")
-        out += table(("name", "distribution", "kind", "devices", "status"), rows)
-        for r in recs:
-            if r.failed and verbose and r.traceback:
-                out += ["", f"  traceback of {r.name!r}:"] + ["    " + line for line in r.traceback.splitlines()]
-            if r.status == "loaded" and r.backend is not None:
-                info = r.diagnostics()
-                if "error" in info:
-                    problems.append(f"backend {r.name!r}: {info['error']}")
-                if info:
-                    out += ["", f"  diagnostics of {r.name!r}:"]
-                    out += table(("", ""), sorted((str(k), str(v)) for k, v in info.items()), indent="    ")[1:]
+        return [*out, "  none installed: every op runs the core's reference kernels"]
+    rows = [(r.name, _dist(r), r.kind, ",".join(r.device_types) or "-", r.summary()) for r in recs]
+    out += table(("name", "distribution", "kind", "devices", "status"), rows)
+    for r in recs:
+        if r.failed:
+            problems.append(f"backend {r.name!r} failed: {r.reason}")
+            if verbose and r.traceback:
+                out += ["", f"  traceback of {r.name!r}:", *("    " + line for line in r.traceback.splitlines())]
+        if r.status == LOADED and r.backend is not None:
+            info = r.diagnostics()
+            if "error" in info:
+                problems.append(f"backend {r.name!r}: {info['error']}")
+            if info:
+                out += ["", f"  diagnostics of {r.name!r}:"]
+                out += table(None, sorted((str(k), str(v)) for k, v in info.items()), indent="    ")
+    return out
 
+
+def _coverage(recs: Sequence[BackendRecord], problems: list[str]) -> list[str]:
     columns = device_columns(recs)
     cover = dispatch.coverage(columns)
-    providers = {(op, t): r.name for r in recs for op, t in r.kernels}
-    out += ["", "Coverage (native: a backend's kernel; reference: the core's pure-PyTorch kernel)"]
+    providers = {kernel: r.name for r in recs for kernel in r.kernels}
     rows = []
     for op, cells in cover.items():
-        row = [op]
-        for t in columns:
-            state = cells[t]
-            who = providers.get((op, t))
-            row.append(f"{state} ({who})" if state == dispatch.NATIVE and who else state)
-        rows.append(row)
+        rows.append([op, *(_cell(cells[t], providers.get((op, t))) for t in columns)])
         nowhere = [t for t in columns if cells[t] == dispatch.MISSING]
         if nowhere:
             problems.append(f"op {op} has no kernel on {', '.join(nowhere)} (no reference kernel registered)")
-    totals = ["native total"] + [f"{sum(c[t] == dispatch.NATIVE for c in cover.values())}/{len(cover)}" for t in columns]
-    out += table(("op", *columns), [*rows, totals])
+    totals = [f"{sum(c[t] == dispatch.NATIVE for c in cover.values())}/{len(cover)}" for t in columns]
+    out = ["", "Coverage (native: a backend's kernel; reference: the core's pure-PyTorch kernel)"]
+    return out + table(("op", *columns), [*rows, ["native total", *totals]])
 
+
+def _cell(state: str, provider: str | None) -> str:
+    return f"{state} ({provider})" if state == dispatch.NATIVE and provider else state
+
+
+def _accelerators(recs: Sequence[BackendRecord]) -> list[str]:
     present = devices.accelerators()
-    missing = missing_accelerators(recs)
-    out += ["", "Accelerators: " + (", ".join(present) if present else "none (CPU only)")]
-    for device in missing:
+    out = ["", "Accelerators: " + (", ".join(present) if present else "none (CPU only)")]
+    for device in missing_accelerators(recs):
         out.append(f"  {device}: no backend installed; the reference kernels run on it. Fix: {install_hint(device)}")
-    if not any("cpu" in r.device_types for r in recs if r.status == "loaded"):
-        out.append(f"  cpu: reference kernels only; for native CPU kernels: pip install 'bitsandbytes[{EXTRAS['cpu']}]'")
-    return out, problems
+    if not any("cpu" in r.device_types for r in recs if r.status == LOADED):
+        out.append(f"  cpu: reference kernels only; native CPU kernels: pip install 'bitsandbytes[{EXTRAS['cpu']}]'")
+    return out
+
+
+def render(verbose: bool = False) -> tuple[list[str], list[str]]:
+    """The report's lines, and the problems found (empty when nothing is broken)."""
+    from .. import __version__
+
+    recs = records()
+    problems: list[str] = []
+    title = f"bitsandbytes {__version__} (distribution {_version('bitsandbytes')}, plugin API {API_VERSION})"
+    lines = [title, *_environment(), *_backends(recs, verbose, problems), *_coverage(recs, problems)]
+    return lines + _accelerators(recs), problems

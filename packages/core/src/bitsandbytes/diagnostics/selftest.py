@@ -66,6 +66,10 @@ class _Run:
                 raise AssertionError(f"{op}: output {i} of the native kernel differs from the reference kernel")
 
 
+class _Skip(Exception):
+    """A check that cannot run in this installation (not a failure)."""
+
+
 def _sample(device: str) -> torch.Tensor:
     gen = torch.Generator().manual_seed(1234)
     return torch.randn(ROWS, COLS, generator=gen).to(device)
@@ -123,10 +127,6 @@ def _int8(run: _Run) -> str:
     bound = A.abs().amax(dim=1, keepdim=True) / 254 * (1 + 1e-5) + 1e-7
     _check_bound(out, A, bound.expand_as(A), "int8 vectorwise roundtrip")
     return "int8_vectorwise_quant + int8_vectorwise_dequant"
-
-
-class _Skip(Exception):
-    pass
 
 
 CHECKS: tuple[tuple[str, Callable[[_Run], str]], ...] = (

@@ -47,8 +47,9 @@ NF4_CODE = (
     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
     0.7229568362236023, 1.0,
 )  # fmt: skip
-# FP4 in code order; bit 3 is the sign.
-_FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, -0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
+# FP4 in code order; bit 3 is the sign. Code 8 ("minus zero") is +0.0: upstream's literal is the
+# integer -0, so it dequantizes to +0.0 bit for bit.
+_FP4_TWELFTHS = (0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0)
 FP4_CODE = tuple(v / 12 for v in _FP4_TWELFTHS)
 
 NONFINITE = (float("nan"), float("inf"), float("-inf"))

@@ -16,7 +16,7 @@ import torch
 from .._checks import OPTIMIZER_NAMES, n_blocks
 from .._ops import OPS, OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS, packed_4bit_shape
 
-__all__ = ["SAMPLES", "Sample", "op_overload", "samples"]
+__all__ = ["CLIPPED_OPTIMIZERS", "OPTIMIZER_HYPERPARAMETERS", "SAMPLES", "Sample", "op_overload", "samples"]
 
 Sample = tuple[tuple, dict]
 
@@ -247,7 +247,7 @@ def _int8_double_quant(device) -> list[Sample]:
 
 
 # (beta1, beta2, beta3, alpha, eps, weight_decay, lr): typical hyperparameters for each optimizer.
-_HYPER = {
+OPTIMIZER_HYPERPARAMETERS = {
     "adam": (0.9, 0.999, 0.0, 0.0, 1e-8, 0.01, 1e-3),
     "momentum": (0.9, 0.0, 0.0, 0.0, 1e-8, 0.01, 1e-2),
     "rmsprop": (0.99, 0.0, 0.0, 0.0, 1e-8, 0.01, 1e-2),
@@ -259,7 +259,7 @@ _HYPER = {
 }
 
 # The optimizers that upstream runs with an update-norm clip (max_unorm > 0).
-_CLIPPED = ("lamb", "lars")
+CLIPPED_OPTIMIZERS = ("lamb", "lars")
 
 
 def _optimizer_update_32bit(device) -> list[Sample]:
@@ -268,10 +268,10 @@ def _optimizer_update_32bit(device) -> list[Sample]:
     for i, name in enumerate(OPTIMIZER_NAMES):
         dtype = (torch.float32, torch.float16, torch.bfloat16)[i % 3]
         n = 300
-        beta1, beta2, beta3, alpha, eps, wd, lr = _HYPER[name]
+        beta1, beta2, beta3, alpha, eps, wd, lr = OPTIMIZER_HYPERPARAMETERS[name]
         state1 = m.randn(2, n, scale=0.1) if name == "ademamix" else m.randn(n, scale=0.1).abs()
         state2 = m.randn(n, scale=0.01).abs() if name in TWO_STATE_OPTIMIZERS else None
-        max_unorm = 1.0 if name in _CLIPPED else 0.0
+        max_unorm = 1.0 if name in CLIPPED_OPTIMIZERS else 0.0
         unorm_vec = torch.zeros(1, device=m.device) if max_unorm else None
         args = (
             name, m.randn(n, dtype=dtype), m.randn(n, dtype=dtype), state1, state2, unorm_vec, max_unorm, 2.0,
@@ -289,7 +289,7 @@ def _optimizer_update_8bit_blockwise(device) -> list[Sample]:
         dtype = (torch.float32, torch.float16, torch.bfloat16)[i % 3]
         n = 300
         blocks = n_blocks(n, OPTIMIZER_BLOCKSIZE)
-        beta1, beta2, beta3, alpha, eps, wd, lr = _HYPER[name]
+        beta1, beta2, beta3, alpha, eps, wd, lr = OPTIMIZER_HYPERPARAMETERS[name]
         two = name in TWO_STATE_OPTIMIZERS
         if name == "ademamix":
             state1, absmax1 = m.uint8(2, n), m.scales(2 * blocks).view(2, blocks)
