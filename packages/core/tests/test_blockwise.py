@@ -39,7 +39,7 @@ def test_roundtrip_every_blocksize_and_dtype(blocksize, dtype):
     assert_nearest(q, x, absmax, blocksize, CODE)
     y = ops.dequantize_blockwise(q, absmax, CODE, blocksize, dtype)
     assert y.dtype == dtype and y.shape == x.shape
-    expected = (CODE[q.long()].double() * absmax.double().repeat_interleave(blocksize)[: x.numel()].view(3, 1000))
+    expected = CODE[q.long()].double() * absmax.double().repeat_interleave(blocksize)[: x.numel()].view(3, 1000)
     assert torch.equal(y, expected.float().to(dtype))
     bound = absmax.repeat_interleave(blocksize)[: x.numel()].view(3, 1000) * HALF_GAP * 1.001
     assert torch.all((y.float() - x.float()).abs() <= bound + x.float().abs() * 2**-7)

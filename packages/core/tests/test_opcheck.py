@@ -34,8 +34,7 @@ UPSTREAM_SCHEMAS = {
         "bias=None) -> (Tensor, Tensor?)"
     ),
     "int8_scaled_mm": (
-        "(Tensor A, Tensor B, Tensor row_stats, Tensor col_stats, Tensor? bias=None, ScalarType? "
-        "dtype=None) -> Tensor"
+        "(Tensor A, Tensor B, Tensor row_stats, Tensor col_stats, Tensor? bias=None, ScalarType? dtype=None) -> Tensor"
     ),
     "int8_linear_matmul": "(Tensor A, Tensor B) -> Tensor",
     "int8_linear_matmul.out": "(Tensor A, Tensor B, Tensor! out) -> ()",
@@ -49,8 +48,7 @@ UPSTREAM_SCHEMAS = {
         "(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype) -> Tensor"
     ),
     "dequantize_4bit.out": (
-        "(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype, Tensor! "
-        "out) -> ()"
+        "(Tensor A, Tensor absmax, int blocksize, str quant_type, int[] shape, ScalarType dtype, Tensor! out) -> ()"
     ),
     "quantize_4bit": "(Tensor A, int blocksize, str quant_type, ScalarType quant_storage) -> (Tensor, Tensor)",
     "gemm_4bit": (

@@ -11,8 +11,8 @@ Layout of a 4-bit tensor with ``n`` values:
   scale, its largest absolute value (``absmax``);
 * each value is stored as a 4-bit index into a 16-entry table (NF4 or FP4) of numbers in [-1, 1];
   value ~= table[index] * absmax[block];
-* two indices share a byte, the first (even position) in the high nibble; an odd ``n`` leaves the
-  final low nibble 0;
+* two indices share a byte, the first (even position) in the high nibble; for an odd ``n`` the
+  final low nibble holds the code of 0.0 (NF4: 7, FP4: 0), as if one more value 0.0 followed;
 * the ``(n + 1) // 2`` bytes are viewed as ``quant_storage`` with shape ``((n + 1) // (2 * itemsize), 1)``.
 
 Double quantization ("compress_statistics") stores the 4-bit absmax itself 8-bit blockwise-quantized
@@ -56,6 +56,8 @@ QUANT_TYPES = ("nf4", "fp4")
 
 # Within a byte the value that comes first in memory order sits in the high nibble.
 FIRST_VALUE_IN_HIGH_NIBBLE = True
+# The value whose code fills the spare low nibble of an odd-length tensor.
+PAD_VALUE = 0.0
 
 # Double quantization of the 4-bit absmax: block size of the nested 8-bit quantization.
 DOUBLE_QUANT_BLOCKSIZE = 256

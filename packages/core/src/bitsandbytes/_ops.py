@@ -15,6 +15,7 @@ from math import prod
 import torch
 
 from . import _checks as c
+from ._formats import packed_4bit_shape
 
 LIB = "bitsandbytes"
 
@@ -133,11 +134,6 @@ def _(A, absmax, code, blocksize, dtype, out):
 
 # ---------------------------------------------------------------------------------------------------
 # 4-bit
-
-
-def packed_4bit_shape(n: int, quant_storage: torch.dtype) -> tuple[int, int]:
-    """Shape of the packed tensor for ``n`` values: ``((n + 1) // (2 * itemsize), 1)``, as upstream."""
-    return ((n + 1) // (2 * quant_storage.itemsize), 1)
 
 
 def check_quantize_4bit(A: torch.Tensor, blocksize: int, quant_type: str, quant_storage: torch.dtype) -> None:

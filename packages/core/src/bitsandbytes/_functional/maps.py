@@ -182,4 +182,3 @@ def get_4bit_type(typename, device=None, blocksize=64):
         raise ValueError(f"typename must be one of 'nf4', 'fp4', 'int4', 'af4'; got {typename!r}")
     table = torch.tensor(data, dtype=torch.float32, device=device)
     return table / table.abs().max()
-

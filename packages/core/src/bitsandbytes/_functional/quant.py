@@ -261,7 +261,8 @@ class QuantState:
         else:
             absmax = _checked_float_tensor("absmax", absmax)
         if shape is not None:
-            c.numel("absmax", absmax, c.n_blocks(prod(shape), blocksize), f"one per block of {blocksize} values")
+            why = f"one per block of {blocksize} values of shape {list(shape)}"
+            c.numel("absmax", absmax, c.n_blocks(prod(shape), blocksize), why)
 
         return cls(
             quant_type=quant_type,
@@ -320,9 +321,10 @@ class QuantState:
         if not isinstance(other, QuantState):
             return False
         return (
-            torch.allclose(self.absmax, other.absmax, atol=1e-6)
+            self.nested == other.nested
+            and _close(self.absmax, other.absmax)
             and self.shape == other.shape
-            and torch.allclose(self.code, other.code, atol=1e-6)
+            and _close(self.code, other.code)
             and self.dtype == other.dtype
             and self.blocksize == other.blocksize
             and self.quant_type == other.quant_type
@@ -339,6 +341,11 @@ class QuantState:
         )
 
     __hash__ = None  # mutable, compared by value
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # Upstream's tolerance; tensors of another shape or dtype are simply unequal (upstream raises).
+    return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, atol=1e-6)
 
 
 # Pickles and reprs name the upstream location, so states pickled here load there and vice versa.

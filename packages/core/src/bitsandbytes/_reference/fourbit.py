@@ -62,7 +62,7 @@ def quantize_4bit(
     check_quantize_4bit(A, blocksize, quant_type, quant_storage)
     absmax, scaled = block_absmax_and_scale(A, blocksize)
     if scaled.numel() % 2:
-        scaled = torch.cat([scaled, scaled.new_zeros(1)])
+        scaled = torch.cat([scaled, scaled.new_full((1,), _formats.PAD_VALUE)])
     codes = nearest_code(scaled, _formats.code_table(quant_type, A.device))
     packed = _pack(codes)
     out = packed.view(quant_storage).reshape(_formats.packed_4bit_shape(A.numel(), quant_storage))
@@ -142,9 +142,7 @@ def gemm_4bit(
     if absmax_8bit is not None:
         # Double quantization: absmax holds the scales of the 8-bit-coded block scales, one per
         # DOUBLE_QUANT_BLOCKSIZE of them, and absmax_offset the mean subtracted before coding.
-        nested = dequantize_blockwise(
-            absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, torch.float32
-        )
+        nested = dequantize_blockwise(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, torch.float32)
         absmax = nested + absmax_offset.reshape(())
     table = _formats.code_table(quant_type, A.device)
     return _linear(A, _dequantize(B, absmax, table, blocksize, (N, K)), bias)

@@ -52,6 +52,7 @@ import torch
 
 from .._ops import OPTIMIZER_BLOCKSIZE, check_optimizer_update_8bit_blockwise, check_optimizer_update_32bit
 from ._registry import reference
+from .blockwise import block_absmax_and_scale, nearest_code
 
 # The update rule each optimizer name runs; lamb and lars add only the max_unorm trust ratio on top.
 _RULE = {
@@ -123,7 +124,9 @@ def _step(
         s = s + g * g
         p = p - lr * g / (s.sqrt() + eps)
     else:  # lion: the sign of an interpolation with beta1 moves p; the state is an EMA with beta2
-        p = p - update_scale * lr * torch.sign(beta1 * s + (1.0 - beta1) * g)
+        direction = beta1 * s + (1.0 - beta1) * g
+        # torch.sign(NaN) is 0 on some devices; keep NaN so a NaN gradient is visible in p.
+        p = p - update_scale * lr * torch.where(direction.isnan(), direction, torch.sign(direction))
         s = beta2 * s + (1.0 - beta2) * g
     return p, [s]
 
@@ -237,33 +240,14 @@ def _dequantize(codes: torch.Tensor, absmax: torch.Tensor, qmap: torch.Tensor) -
     return (_blocks(values) * absmax.reshape(-1, 1).float()).reshape(-1)[:n]
 
 
-def _nearest_code(x: torch.Tensor, qmap: torch.Tensor) -> torch.Tensor:
-    """Index of the ``qmap`` entry nearest to each value of ``x``; on a tie, the lower index.
-
-    Only the two neighbours of ``x`` in sorted order can be nearest, so a binary search replaces a
-    comparison against all 256 entries. A value stored at several indices resolves to its lowest one.
-    """
-    values, order = torch.sort(qmap.float(), stable=True)
-    hi = torch.searchsorted(values, x).clamp_(max=values.numel() - 1)  # first entry >= x (or the last one)
-    lo = (hi - 1).clamp_(min=0)  # last entry < x (or the first one)
-    # The stable sort keeps equal values in index order, so the first sorted position of a value holds its
-    # lowest index.
-    index_lo = order[torch.searchsorted(values, values[lo])]
-    index_hi = order[torch.searchsorted(values, values[hi])]
-    dist_lo = (x - values[lo]).abs()
-    dist_hi = (values[hi] - x).abs()
-    take_hi = (dist_hi < dist_lo) | ((dist_hi == dist_lo) & (index_hi < index_lo))
-    return torch.where(take_hi, index_hi, index_lo).to(torch.uint8)
-
-
 def _quantize(x: torch.Tensor, qmap: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat fp32 ``x`` -> (uint8 codes, fp32 absmax per block of 256)."""
-    blocks = _blocks(x)
-    absmax = blocks.abs().amax(dim=1)
-    # An all-zero block keeps absmax 0; dividing by 1 instead avoids 0/0.
-    scale = torch.where(absmax == 0, torch.ones_like(absmax), absmax)
-    codes = _nearest_code((blocks / scale.unsqueeze(1)).reshape(-1)[: x.numel()], qmap)
-    return codes, absmax
+    """Flat fp32 ``x`` -> (uint8 codes, fp32 absmax per block of 256).
+
+    The new state is stored exactly as quantize_blockwise would store it (same scaling, same
+    nearest-code rule), so an optimizer state and a quantized tensor share one format definition.
+    """
+    absmax, scaled = block_absmax_and_scale(x, OPTIMIZER_BLOCKSIZE)
+    return nearest_code(scaled, qmap).to(torch.uint8), absmax
 
 
 @reference("optimizer_update_8bit_blockwise")

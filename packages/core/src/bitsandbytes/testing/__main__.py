@@ -24,7 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     import pytest
 
     # No cache: with --pyargs the rootdir may be the installed package, which must stay untouched.
-    pytest_args = ["-p", "no:cacheprovider", "--pyargs", "bitsandbytes.testing", "--bnb-device", args.device, *rest]
+    # bitsandbytes is imported already (we run inside it), so pytest cannot assertion-rewrite the plugin
+    # module and says so; the test modules themselves are still rewritten.
+    pytest_args = [
+        "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+        "--pyargs", "bitsandbytes.testing", "--bnb-device", args.device, *rest,
+    ]  # fmt: skip
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         # Entry points are not loaded then, so name the plugin that provides --bnb-device ourselves.
         pytest_args = ["-p", "bitsandbytes.testing.plugin", *pytest_args]
