@@ -20,4 +20,12 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 features = {"multi_backend"}
 supported_torch_devices = {"cpu", "cuda", "xpu", "hpu", "npu", "mps"}
 
+
+def get_include() -> str:
+    """Directory holding ``bitsandbytes/formats.h``, the format constants for native kernels."""
+    from pathlib import Path
+
+    return str(Path(__file__).parent / "include")
+
+
 _load_backends()

@@ -62,6 +62,14 @@ PAD_VALUE = 0.0
 # Double quantization of the 4-bit absmax: block size of the nested 8-bit quantization.
 DOUBLE_QUANT_BLOCKSIZE = 256
 
+# LLM.int8(): codes are round(x * 127 / row_absmax); dequantization multiplies by the scale(s) and these
+# float32 constants, upstream's literals (the second is not exactly 1/127**2: 6.2000124e-05).
+INT8_DEQUANT_SCALE = 7.874015718698502e-3
+INT8_MM_DEQUANT_SCALE = 6.200124e-05
+
+# Block size of the 8-bit optimizer states (fixed by upstream's optimizer state format).
+OPTIMIZER_BLOCKSIZE = 256
+
 # Smallest absmax used when *scaling* a block (the stored absmax stays the true value, 0 for an
 # all-zero block): keeps an all-zero block finite, 0 * (1 / 1e-38) == 0, instead of 0 / 0.
 MIN_SCALE = 1e-38

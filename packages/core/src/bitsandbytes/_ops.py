@@ -15,7 +15,7 @@ from math import prod
 import torch
 
 from . import _checks as c
-from ._formats import packed_4bit_shape
+from ._formats import OPTIMIZER_BLOCKSIZE, packed_4bit_shape
 
 LIB = "bitsandbytes"
 
@@ -75,9 +75,6 @@ SCHEMAS: dict[str, str] = {
 
 for _name, _schema in SCHEMAS.items():
     torch.library.define(f"{LIB}::{_name}", _schema)
-
-# Block size the 8-bit optimizers quantize their state with (fixed by the checkpoint format).
-OPTIMIZER_BLOCKSIZE = 256
 
 
 def qualname(op: str) -> str:

@@ -24,12 +24,12 @@ from math import prod
 
 import torch
 
-from .. import _checks, _ops
+from .. import _checks, _formats, _ops
 from ._registry import reference
 
 # 1/127 and upstream's 1/127**2 (see the module docstring), applied as fp32 multipliers.
-DEQUANT_SCALE = 7.874015718698502e-3
-MM_DEQUANT_SCALE = 6.200124e-05
+DEQUANT_SCALE = _formats.INT8_DEQUANT_SCALE
+MM_DEQUANT_SCALE = _formats.INT8_MM_DEQUANT_SCALE
 
 # fp32 holds every integer up to 2**24 exactly, and an int8 x int8 product is at most 128 * 128 = 2**14
 # in magnitude, so a dot product over 2**10 elements is exact in fp32 whatever the summation order.

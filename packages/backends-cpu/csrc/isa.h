@@ -1,0 +1,39 @@
+// Which instruction-set level the kernels run at: detected once, lowered by BNB_CPU_ISA or set_isa().
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace bnb {
+
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
+
+const char* isa_name(Isa isa);
+// Levels this build compiled and this CPU can run, lowest first.
+std::vector<Isa> supported_isas();
+Isa best_isa();
+Isa active_isa();
+// Throws std::invalid_argument (ValueError in Python) for an unknown or unsupported level.
+void set_active_isa(const std::string& name);
+
+}  // namespace bnb
+
+// Calls the kernel `fn` of the active ISA namespace with the given arguments.
+#if defined(BNB_HAVE_AVX512) || defined(BNB_HAVE_AVX2)
+#define BNB_DISPATCH(fn, ...)                                          \
+  do {                                                                 \
+    switch (::bnb::active_isa()) {                                     \
+      case ::bnb::Isa::avx512: ::bnb::avx512::fn(__VA_ARGS__); break;  \
+      case ::bnb::Isa::avx2: ::bnb::avx2::fn(__VA_ARGS__); break;      \
+      default: ::bnb::scalar::fn(__VA_ARGS__); break;                  \
+    }                                                                  \
+  } while (0)
+#elif defined(BNB_HAVE_NEON)
+#define BNB_DISPATCH(fn, ...)                                                                            \
+  do {                                                                                                   \
+    if (::bnb::active_isa() == ::bnb::Isa::neon) ::bnb::neon::fn(__VA_ARGS__);                           \
+    else ::bnb::scalar::fn(__VA_ARGS__);                                                                 \
+  } while (0)
+#else
+#define BNB_DISPATCH(fn, ...) ::bnb::scalar::fn(__VA_ARGS__)
+#endif
