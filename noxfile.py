@@ -22,14 +22,27 @@ def install(session: nox.Session, *args: str) -> None:
     session.install("-c", CONSTRAINTS, *args)
 
 
+# ISA levels the CPU backend's conformance run covers; "native" is the best this machine has.
+CPU_ISAS = ("native", "avx2", "scalar")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core tests, opcheck for every op, compatibility fixtures and the conformance suite on the reference."""
+    """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, and
+    the conformance suite through its kernels at every ISA level."""
     install(session, "torch", "-e", f"{CORE}[test]")
-    env = {"BNB_STRICT_BACKENDS": "1"}
-    session.run("pytest", "packages/core/tests", *session.posargs, env=env)
+    strict = {"BNB_STRICT_BACKENDS": "1"}
+    session.run("pytest", "packages/core/tests", *session.posargs, env={**strict, "BNB_BACKENDS": "none"})
     # The conformance suite as a backend author runs it: installed package, one device.
-    session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env=env)
+    session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env={**strict, "BNB_BACKENDS": "none"})
+
+    install(session, "./packages/backends-cpu")
+    session.run("pytest", "packages/backends-cpu/tests", *session.posargs, env=strict)
+    # Upstream's bytes must come out of the native kernels too.
+    session.run("pytest", "-q", "packages/core/tests/test_compat_upstream.py", env=strict)
+    for isa in CPU_ISAS:
+        session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
+        session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
 
 
 @nox.session
