@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nox
@@ -65,6 +66,31 @@ def docs(session: nox.Session) -> None:
     """Build the documentation site (mkdocs, warnings are errors) into site/."""
     install(session, "torch", "-e", CORE, "-r", "docs/requirements.txt")
     session.run("mkdocs", "build", "--strict", "-f", "docs/mkdocs.yml", "-d", str(ROOT / "site"))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """CPU benchmark of issue 3 (a benchmark, not a test): native kernels vs the reference, upstream
+    bitsandbytes in a venv of its own, and dense torch; 2 threads. Writes
+    packages/backends-cpu/bench/results/cpu_bench.{md,json}. `nox -s bench -- --quick`: one shape, ~2 min."""
+    install(session, "torch", "-e", CORE)
+    install(session, "./packages/backends-cpu")
+    # Upstream needs a venv of its own (both distributions are named bitsandbytes), kept beside this
+    # session's; the harness runs its worker script there as a subprocess in this same invocation.
+    upstream = Path(session.virtualenv.location).parent / "bench-upstream"
+    python = upstream / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    if not python.exists():
+        session.run("python", "-m", "venv", str(upstream))
+    session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
+    session.run(
+        "python",
+        "packages/backends-cpu/bench/run.py",
+        "--threads",
+        "2",
+        "--upstream-python",
+        str(python),
+        *session.posargs,
+    )
 
 
 @nox.session(name="compat-fixtures")

@@ -12,12 +12,26 @@
 namespace bnb {
 
 namespace nb = nanobind;
-using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
+// No layout constraint in the type: nanobind would otherwise silently copy a strided array, and a
+// kernel writing into that copy would lose its output. Contiguity is checked instead (contiguous()).
+using Array = nb::ndarray<nb::device::cpu>;
 
 inline int64_t numel(const Array& a) {
   int64_t n = 1;
   for (size_t i = 0; i < a.ndim(); ++i) n *= int64_t(a.shape(i));
   return n;
+}
+
+// Throws unless `a` is C-contiguous (size-1 dimensions may have any stride).
+inline void contiguous(const Array& a, const char* name) {
+  for (size_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) == 0) return;  // an empty array has no layout to get wrong
+  int64_t expected = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected)
+      throw std::invalid_argument(std::string(name) + " must be contiguous");
+    expected *= int64_t(a.shape(i));
+  }
 }
 
 inline std::string dtype_name(const Array& a) {
@@ -28,6 +42,7 @@ inline std::string dtype_name(const Array& a) {
 
 // The floating dtype of `a` (float32, float16 or bfloat16), or a ValueError naming `name`.
 inline DType float_dtype(const Array& a, const char* name) {
+  contiguous(a, name);
   auto d = a.dtype();
   if (d.lanes == 1) {
     if (d.code == uint8_t(nb::dlpack::dtype_code::Float) && d.bits == 32) return DType::f32;
@@ -41,6 +56,7 @@ inline DType float_dtype(const Array& a, const char* name) {
 // Python glue validated, so a wrong call can never read or write out of bounds).
 template <class T>
 T* data(Array& a, const char* name, nb::dlpack::dtype_code code, int64_t expected_numel) {
+  contiguous(a, name);
   auto d = a.dtype();
   if (d.code != uint8_t(code) || d.bits != sizeof(T) * 8 || d.lanes != 1)
     throw std::invalid_argument(std::string(name) + ": unexpected element type " + dtype_name(a));

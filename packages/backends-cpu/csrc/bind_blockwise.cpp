@@ -4,6 +4,7 @@
 
 #include "array.h"
 #include "bindings.h"
+#include "huge_pages.h"
 #include "isa.h"
 #include "kernels/blockwise.h"
 
@@ -36,6 +37,7 @@ BNB_BINDINGS(blockwise) {
     float* am = f32(absmax, "absmax", n_blocks(n, blocksize));
     const void* x = A.data();
     nb::gil_scoped_release release;
+    prefer_huge_pages(q, size_t(n));
     BNB_DISPATCH(quantize_blockwise, x, dt, n, map.mids, map.order, blocksize, q, am, threads);
   });
   m.def("dequantize_blockwise", [](Array A, Array absmax, Array code, int64_t blocksize, Array out, int threads) {
@@ -47,6 +49,7 @@ BNB_BINDINGS(blockwise) {
     DType dt = float_dtype(out, "out");
     void* y = float_data(out, "out", dt, n);
     nb::gil_scoped_release release;
+    prefer_huge_pages(y, size_t(n) * (dt == DType::f32 ? 4 : 2));
     BNB_DISPATCH(dequantize_blockwise, q, am, c, n, blocksize, y, dt, threads);
   });
 }

@@ -1,6 +1,7 @@
 // A small persistent thread pool behind bnb::parallel_for. It is our own (not OpenMP) so that the
 // extension never loads a second OpenMP runtime beside torch's; the caller passes the thread count
 // (torch.get_num_threads()) on every call, so torch.set_num_threads() is honoured.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #if !defined(_WIN32)
+#include <pthread.h>
 #include <unistd.h>
 #endif
 
@@ -47,16 +49,10 @@ class Pool {
  private:
   void ensure_workers(int wanted) {
     std::lock_guard<std::mutex> lock(mu_);
-#if !defined(_WIN32)
-    // Threads do not survive fork(): a child process starts a fresh set.
-    if (owner_ != getpid()) {
-      for (auto& w : workers_) w.detach();
-      workers_.clear();
-      queue_.clear();
-      owner_ = getpid();
+    while (int(workers_.size()) < wanted) {
+      workers_.emplace_back([this] { loop(); });
+      workers_.back().detach();  // never joined: they live as long as the process
     }
-#endif
-    while (int(workers_.size()) < wanted) workers_.emplace_back([this] { loop(); });
   }
 
   void loop() {
@@ -91,14 +87,31 @@ class Pool {
   std::condition_variable cv_;
   std::deque<Job> queue_;
   std::vector<std::thread> workers_;
-#if !defined(_WIN32)
-  pid_t owner_ = getpid();
-#endif
 };
 
+// The pool of this process. After fork() the child has none of the parent's threads and its mutexes
+// and condition variables may be in any state, so the child drops (leaks) the parent's pool and
+// builds a fresh one on first use.
+std::atomic<Pool*> g_pool{nullptr};
+std::mutex* g_pool_mu = new std::mutex();
+
+#if !defined(_WIN32)
+void forget_pool_in_child() {
+  g_pool.store(nullptr);
+  g_pool_mu = new std::mutex();
+}
+const bool g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0;
+#endif
+
 Pool& pool() {
-  // Leaked on purpose: workers block forever on the queue and must not be joined at exit.
-  static Pool* p = new Pool();
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p) return *p;
+  std::lock_guard<std::mutex> lock(*g_pool_mu);
+  p = g_pool.load(std::memory_order_acquire);
+  if (!p) {
+    p = new Pool();  // leaked on purpose: detached workers block on it until the process exits
+    g_pool.store(p, std::memory_order_release);
+  }
   return *p;
 }
 

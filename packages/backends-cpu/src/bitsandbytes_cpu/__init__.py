@@ -1,42 +1,6 @@
 """bitsandbytes-cpu: native CPU kernels for every bitsandbytes op.
 
-The core finds ``backend`` through the ``bitsandbytes.backends`` entry point. Importing this package
-registers nothing; ``backend.load()`` imports the extension, applies ``BNB_CPU_ISA`` and registers the
-kernels for the ``cpu`` device.
+Nothing to import from here: installing the package is enough. ``import bitsandbytes`` finds
+``bitsandbytes_cpu.plugin:backend`` through the ``bitsandbytes.backends`` entry point and registers
+the kernels; ``python -m bitsandbytes`` shows them.
 """
-
-from __future__ import annotations
-
-import os
-
-from bitsandbytes.backends import Backend
-
-__all__ = ["backend"]
-
-
-def _load() -> None:
-    from . import _C
-
-    isa = os.environ.get("BNB_CPU_ISA", "").strip().lower()
-    if isa and isa != "native":
-        _C.set_isa(isa)
-    from . import ops
-
-    ops.register_all()
-
-
-def _diagnostics() -> dict:
-    import torch
-
-    from . import _C, ops
-
-    return {
-        "isa": _C.isa(),
-        "best isa": _C.best_isa(),
-        "supported isas": ", ".join(_C.supported_isas()),
-        "threads (torch.get_num_threads)": torch.get_num_threads(),
-        "native ops": len(ops.REGISTERED),
-    }
-
-
-backend = Backend("cpu", ["cpu"], api_version="1.0", load=_load, diagnostics=_diagnostics)

@@ -1,0 +1,411 @@
+"""What both sides of the CPU benchmark share: the cases, their inputs, byte counts and the timer.
+
+Imported by ``run.py`` (our venv) and by ``upstream_worker.py`` (upstream's venv), so it imports only
+torch and the standard library: never ``bitsandbytes``, which is a different package on each side.
+The inputs come from seeded generators, so both processes time the very same tensors (same torch).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from math import ceil
+
+import torch
+
+# Weight shapes (out_features N, in_features K) of the issue: a 7B model's attention and MLP layers.
+SHAPES_FULL = ((4096, 4096), (4096, 11008), (11008, 4096))
+SHAPES_QUICK = ((4096, 4096),)
+BATCHES = (32, 512)  # Linear4bit-style forward and int8 matmul rows (batch 1 is the gemv rows)
+ADAM_SHAPE = (4096, 4096)
+
+BLOCKSIZE_4BIT = 64  # Linear4bit's default
+QUANT_TYPE = "nf4"
+BLOCKSIZE_8BIT = 4096  # functional.quantize_blockwise's default
+OPTIMIZER_BLOCKSIZE = 256  # fixed by the 8-bit optimizer format
+# Batch-1 gemv "streaming": rotate over this many bytes of distinct layers (> 100 MB, > any LLC here).
+STREAM_BYTES = 128 * 2**20
+COPY_BYTES = 256 * 2**20  # size of the tensor whose copy measures the machine's bandwidth
+SEED = 1234
+
+
+@dataclass
+class Case:
+    """One row of the table. ``bytes`` is what the op must read + write once (for GB/s), ``flops``
+    the multiply-adds x 2 of a matmul; ``calls`` how many op calls one timed round makes."""
+
+    id: str
+    op: str  # the bitsandbytes op whose cpu kernel decides "native" (dispatcher name)
+    title: str  # table the row belongs to
+    variant: str
+    N: int
+    K: int
+    M: int = 0
+    bytes: int = 0
+    flops: int = 0
+    calls: int = 1
+    dense: str = ""  # what the dense column times, "" when none applies
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _packed_bytes(n: int) -> int:
+    """Packed 4-bit codes + fp32 absmax of ``n`` values."""
+    return n // 2 + 4 * ceil(n / BLOCKSIZE_4BIT)
+
+
+def stream_layers(layer_bytes: int) -> int:
+    """Distinct layers to rotate over so the weights read per rotation exceed STREAM_BYTES."""
+    return max(2, ceil(STREAM_BYTES / layer_bytes))
+
+
+def cases(quick: bool) -> list[Case]:
+    out: list[Case] = []
+    for N, K in SHAPES_QUICK if quick else SHAPES_FULL:
+        n = N * K
+        s = f"{N}x{K}"
+        out.append(
+            Case(
+                f"quantize_4bit/{s}",
+                "quantize_4bit",
+                "quantize_4bit (nf4, blocksize 64, bf16 in)",
+                "op",
+                N,
+                K,
+                bytes=2 * n + _packed_bytes(n),
+            )
+        )
+        out.append(
+            Case(
+                f"dequantize_4bit/api/{s}",
+                "dequantize_4bit",
+                "dequantize_4bit (nf4, blocksize 64, bf16 out)",
+                "public API (allocates out)",
+                N,
+                K,
+                bytes=_packed_bytes(n) + 2 * n,
+            )
+        )
+        out.append(
+            Case(
+                f"dequantize_4bit/out/{s}",
+                "dequantize_4bit.out",
+                "dequantize_4bit (nf4, blocksize 64, bf16 out)",
+                "kernel into preallocated out (.out op)",
+                N,
+                K,
+                bytes=_packed_bytes(n) + 2 * n,
+            )
+        )
+        out.append(
+            Case(
+                f"quantize_blockwise/{s}",
+                "quantize_blockwise",
+                "quantize_blockwise (8-bit dynamic map, blocksize 4096, fp32 in)",
+                "op",
+                N,
+                K,
+                bytes=4 * n + n + 4 * ceil(n / BLOCKSIZE_8BIT),
+            )
+        )
+        out.append(
+            Case(
+                f"dequantize_blockwise/{s}",
+                "dequantize_blockwise",
+                "dequantize_blockwise (8-bit dynamic map, blocksize 4096, fp32 out)",
+                "op (allocates out)",
+                N,
+                K,
+                bytes=n + 4 * ceil(n / BLOCKSIZE_8BIT) + 4 * n,
+            )
+        )
+        layer = _packed_bytes(n)
+        out.append(
+            Case(
+                f"gemv_4bit/hot/{s}",
+                "gemv_4bit",
+                "gemv_4bit, batch 1 (nf4, bf16)",
+                "weight hot in cache (same layer)",
+                N,
+                K,
+                M=1,
+                bytes=layer,
+                flops=2 * n,
+                calls=8,
+                dense="F.linear bf16",
+            )
+        )
+        out.append(
+            Case(
+                f"gemv_4bit/stream/{s}",
+                "gemv_4bit",
+                "gemv_4bit, batch 1 (nf4, bf16)",
+                f"streaming from DRAM: {stream_layers(layer)} layers, {stream_layers(layer) * layer / 2**20:.0f} MiB "
+                f"(dense: {stream_layers(2 * n)} layers, {stream_layers(2 * n) * 2 * n / 2**20:.0f} MiB)",
+                N,
+                K,
+                M=1,
+                bytes=layer,
+                flops=2 * n,
+                calls=stream_layers(layer),
+                dense="F.linear bf16",
+            )
+        )
+        for M in BATCHES:
+            out.append(
+                Case(
+                    f"gemm_4bit/{M}/{s}",
+                    "gemm_4bit",
+                    "Linear4bit-style forward (gemm_4bit, nf4, bf16)",
+                    f"batch {M}",
+                    N,
+                    K,
+                    M=M,
+                    bytes=layer + 2 * M * (K + N),
+                    flops=2 * M * n,
+                    dense="F.linear bf16",
+                )
+            )
+        out.append(
+            Case(
+                f"int8_vectorwise_quant/{s}",
+                "int8_vectorwise_quant",
+                "int8_vectorwise_quant (bf16 in, threshold 0)",
+                "op",
+                N,
+                K,
+                bytes=2 * n + n + 4 * N,
+            )
+        )
+        for M in BATCHES:
+            out.append(
+                Case(
+                    f"int8_linear_matmul/{M}/{s}",
+                    "int8_linear_matmul",
+                    "int8_linear_matmul (int8 x int8 -> int32)",
+                    f"batch {M}",
+                    N,
+                    K,
+                    M=M,
+                    bytes=M * K + n + 4 * M * N,
+                    flops=2 * M * n,
+                    dense="F.linear bf16",
+                )
+            )
+    N, K = ADAM_SHAPE
+    n = N * K
+    # g, p read; p written; two uint8 states read + written; absmax per 256 read + written.
+    out.append(
+        Case(
+            f"adam8bit/{N}x{K}",
+            "optimizer_update_8bit_blockwise",
+            "Adam8bit step (optimizer_update_8bit_blockwise adam, fp32 param)",
+            "op",
+            N,
+            K,
+            bytes=12 * n + 4 * n + 16 * ceil(n / OPTIMIZER_BLOCKSIZE),
+            dense="torch.optim.AdamW(fused=True).step()",
+        )
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Inputs: seeded, so both processes build identical tensors.
+
+
+def generator(tag: str) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(SEED + sum(map(ord, tag)))
+    return g
+
+
+def weight(N: int, K: int, dtype: torch.dtype = torch.bfloat16, tag: str = "w") -> torch.Tensor:
+    return torch.randn(N, K, generator=generator(f"{tag}{N}x{K}")).to(dtype)
+
+
+def activations(M: int, K: int, tag: str = "x") -> torch.Tensor:
+    return torch.randn(M, K, generator=generator(f"{tag}{M}x{K}")).to(torch.bfloat16)
+
+
+def packed_4bit(N: int, K: int, tag: str = "q") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random packed NF4 weight bytes (every byte is a valid code pair) and fp32 absmax; timing does not
+    depend on the values, and this skips quantizing >100 MB of layers with slow kernels."""
+    n = N * K
+    g = generator(f"{tag}{N}x{K}")
+    packed = torch.randint(0, 256, (n // 2, 1), dtype=torch.uint8, generator=g)
+    absmax = torch.rand(ceil(n / BLOCKSIZE_4BIT), generator=g) + 0.5
+    return packed, absmax
+
+
+def int8_matrix(rows: int, cols: int, tag: str) -> torch.Tensor:
+    return torch.randint(-127, 128, (rows, cols), dtype=torch.int8, generator=generator(f"{tag}{rows}x{cols}"))
+
+
+def inputs(case: Case) -> dict[str, object]:
+    """The tensors a case runs on, identical in both processes. Streaming layers are clones: distinct
+    memory (what streaming measures), same values."""
+    N, K, M = case.N, case.K, case.M
+    kind = case.id.split("/")[0]
+    if kind in ("quantize_4bit", "int8_vectorwise_quant"):
+        return {"W": weight(N, K)}
+    if kind == "dequantize_4bit":
+        q, absmax = packed_4bit(N, K)
+        return {"q": q, "absmax": absmax, "out": torch.empty(N, K, dtype=torch.bfloat16)}
+    if kind == "quantize_blockwise":
+        return {"W": weight(N, K, torch.float32)}
+    if kind == "dequantize_blockwise":
+        g = generator(f"dq8{N}x{K}")
+        codes = torch.randint(0, 256, (N, K), dtype=torch.uint8, generator=g)
+        return {"A": codes, "absmax": torch.rand(ceil(N * K / BLOCKSIZE_8BIT), generator=g) + 0.5}
+    if kind == "gemv_4bit":
+        q, absmax = packed_4bit(N, K)
+        x = activations(1, K)
+        if case.id.startswith("gemv_4bit/stream"):
+            layers = [(q, absmax)] + [(q.clone(), absmax.clone()) for _ in range(case.calls - 1)]
+            return {"x": x, "layers": layers}
+        return {"x": x, "layers": [(q, absmax)]}
+    if kind == "gemm_4bit":
+        q, absmax = packed_4bit(N, K)
+        return {"x": activations(M, K), "layers": [(q, absmax)]}
+    if kind == "int8_linear_matmul":
+        return {"A": int8_matrix(M, K, "a"), "B": int8_matrix(N, K, "b")}
+    if kind == "adam8bit":
+        n = N * K
+        blocks = ceil(n / OPTIMIZER_BLOCKSIZE)
+        return {
+            "p": weight(N, K, torch.float32, "p"),
+            "g": weight(N, K, torch.float32, "g") * 1e-2,
+            "state1": torch.zeros(N, K, dtype=torch.uint8),
+            "state2": torch.zeros(N, K, dtype=torch.uint8),
+            "absmax1": torch.zeros(blocks),
+            "absmax2": torch.zeros(blocks),
+        }
+    raise KeyError(case.id)
+
+
+ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "lr": 1e-3, "weight_decay": 0.0}
+
+
+def adam8bit_step(op, qmap1: torch.Tensor, qmap2: torch.Tensor, t: dict) -> Callable[[], None]:
+    """One call of ``optimizer_update_8bit_blockwise("adam", ...)`` per round, the step count rising."""
+    step = [0]
+    a = ADAM
+
+    def run() -> None:
+        step[0] += 1
+        op(
+            "adam",
+            t["g"],
+            t["p"],
+            t["state1"],
+            t["state2"],
+            a["beta1"],
+            a["beta2"],
+            0.0,
+            0.0,
+            a["eps"],
+            step[0],
+            a["lr"],
+            qmap1,
+            qmap2,
+            t["absmax1"],
+            t["absmax2"],
+            a["weight_decay"],
+            1.0,
+            False,
+        )
+
+    return run
+
+
+def sample(t: torch.Tensor, k: int = 16) -> list[float]:
+    """A few output values, to check across processes that both sides computed the same thing."""
+    return [float(v) for v in t.reshape(-1)[:k].float()]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Timing: wall clock, median of repeated rounds after warm-up.
+
+
+@dataclass
+class Budget:
+    seconds: float  # keep repeating a measurement until this much time is spent...
+    min_reps: int  # ...and at least this many rounds are done
+    max_reps: int
+
+
+QUICK = Budget(0.25, 3, 15)
+FULL = Budget(1.0, 5, 50)
+
+
+def measure(fn: Callable[[], object], budget: Budget, calls: int = 1, warmup: int = 1) -> dict:
+    """Median seconds per op call; ``fn`` makes ``calls`` calls per round."""
+    return measure_many({"_": (fn, calls)}, budget, warmup)["_"]
+
+
+def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Budget, warmup: int = 1) -> dict:
+    """``{name: timing}`` for ``{name: (fn, calls per round)}``, the rounds of all interleaved so that a
+    load change on a shared machine hits every implementation alike (their ratios are what counts).
+
+    Each gets warm-up rounds, then rounds until it has spent ``budget.seconds`` and done
+    ``budget.min_reps`` rounds (3 when one round alone takes half the budget: the reference kernels
+    and upstream's torch fallbacks, whose medians are stable enough so), or ``budget.max_reps``.
+    One that raises during warm-up gets ``{"error": ...}`` and the others go on.
+    """
+    min_reps: dict[str, int] = {}
+    failed: dict[str, dict] = {}
+    for name, (fn, _) in impls.items():
+        slow = False
+        try:
+            for _ in range(warmup):
+                t0 = time.perf_counter()
+                fn()
+                slow = slow or time.perf_counter() - t0 > budget.seconds / 2
+        except Exception as exc:  # a kernel under construction must not take the others down
+            failed[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        min_reps[name] = 3 if slow else budget.min_reps
+    impls = {name: impl for name, impl in impls.items() if name not in failed}
+    rounds: dict[str, list[float]] = {name: [] for name in impls}
+    spent = dict.fromkeys(impls, 0.0)
+
+    def done(name: str) -> bool:
+        n = len(rounds[name])
+        return n >= budget.max_reps or (n >= min_reps[name] and spent[name] >= budget.seconds)
+
+    gc.collect()
+    gc.disable()
+    try:
+        while not all(map(done, impls)):
+            for name, (fn, _) in impls.items():
+                if not done(name):
+                    t0 = time.perf_counter()
+                    fn()
+                    dt = time.perf_counter() - t0
+                    rounds[name].append(dt)
+                    spent[name] += dt
+    finally:
+        gc.enable()
+    out = dict(failed)
+    for name, (_, calls) in impls.items():
+        per_call = [r / calls for r in rounds[name]]
+        out[name] = {"median_s": statistics.median(per_call), "min_s": min(per_call), "reps": len(per_call)}
+    return out
+
+
+def copy_bandwidth(budget: Budget) -> dict:
+    """This machine's copy bandwidth: median of ``dst.copy_(src)`` over COPY_BYTES, read + write."""
+    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t = measure(lambda: dst.copy_(src), Budget(max(budget.seconds, 0.5), 5, 50), warmup=2)
+    return {**t, "bytes": 2 * COPY_BYTES, "GBps": 2 * COPY_BYTES / t["median_s"] / 1e9}
+
+
+def set_threads(n: int) -> int:
+    torch.set_num_threads(n)
+    return torch.get_num_threads()

@@ -1,0 +1,347 @@
+"""CPU benchmark of bitsandbytes-cpu (``nox -s bench``): a benchmark, not a test.
+
+For every op and weight shape of issue 3 it times, in one invocation and with the same thread count:
+- ours: the op through the dispatcher when bitsandbytes-cpu registers a native cpu kernel for it
+  (read back from the dispatcher); ops not native yet show "—" and only the reference;
+- the reference: the core's pure-PyTorch kernel, called directly;
+- upstream bitsandbytes, in its own venv: ``upstream_worker.py`` runs there as a subprocess and times
+  each case right before ours, on identical seeded inputs;
+- dense torch where it applies (bf16 ``F.linear``, ``torch.optim.AdamW(fused=True)``);
+and this machine's copy bandwidth, for GB/s as a share of what memory can do. Results (markdown +
+JSON) go to ``results/`` next to this file; the issue's targets are judged at the end.
+
+    python run.py [--quick] [--threads 2] [--upstream-python PATH] [--only SUBSTRING]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402
+import report  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as TF  # noqa: E402
+
+
+class Upstream:
+    """The upstream worker: one long-lived subprocess in upstream's venv, one case per request."""
+
+    def __init__(self, python: str, threads: int, quick: bool) -> None:
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="bnb-bench-upstream-", suffix=".log", delete=False)
+        cmd = [python, str(HERE / "upstream_worker.py"), "--threads", str(threads)] + (["--quick"] if quick else [])
+        # The worker must not see our packages: a clean environment apart from what python needs.
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env, bufsize=1
+        )
+        self.meta = self._receive()["meta"]
+
+    def _receive(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("BENCH "):
+                return json.loads(line[len("BENCH ") :])
+        self.log.flush()
+        tail = Path(self.log.name).read_text()[-2000:]
+        raise RuntimeError(f"upstream worker ended (exit {self.proc.wait()}):\n{tail}")
+
+    def run(self, case_id: str) -> dict:
+        self.proc.stdin.write(case_id + "\n")
+        self.proc.stdin.flush()
+        result = self._receive()
+        assert result.pop("id") == case_id
+        return result
+
+    def close(self) -> None:
+        """End the worker; its stderr log is kept (and named) only when it failed."""
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        if self.proc.returncode == 0:
+            os.unlink(self.log.name)
+        else:
+            print(f"upstream worker exited with {self.proc.returncode}; its log: {self.log.name}", file=sys.stderr)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                return f"{name}, {os.cpu_count()} logical CPUs"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs"
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on Windows
+        return None
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    scale = max(max(abs(v) for v in b), 1e-30)
+    return max(abs(x - y) for x, y in zip(a, b, strict=True)) / scale
+
+
+def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
+    """``{impl: (fn, calls per round)}`` for ours (when native), the reference and dense; and outputs to
+    check upstream against (``{"reference": sample}``)."""
+    import bitsandbytes.functional as F
+    from bitsandbytes._reference import REFERENCE as R
+
+    ops = torch.ops.bitsandbytes
+    N, K = case.N, case.K
+    bs, qt, bf16 = common.BLOCKSIZE_4BIT, common.QUANT_TYPE, torch.bfloat16
+    kind = case.id.split("/")[0]
+    impls: dict = {}
+    checks: dict = {}
+
+    def add(name, fn, calls=1):
+        impls[name] = (fn, calls)
+
+    if kind == "quantize_4bit":
+        W = t["W"]
+        add("ours", lambda: ops.quantize_4bit(W, bs, qt, torch.uint8))
+        add("reference", lambda: R["quantize_4bit"](W, bs, qt, torch.uint8))
+    elif kind == "dequantize_4bit":
+        q, absmax, out = t["q"], t["absmax"], t["out"]
+        if "/api/" in case.id:
+            state = F.QuantState(
+                absmax=absmax,
+                shape=torch.Size([N, K]),
+                code=F.get_4bit_type(qt),
+                blocksize=bs,
+                quant_type=qt,
+                dtype=bf16,
+            )
+            add("ours", lambda: F.dequantize_4bit(q, state))
+            add("reference", lambda: R["dequantize_4bit"](q, absmax, bs, qt, [N, K], bf16))
+        else:
+            add("ours", lambda: ops.dequantize_4bit.out(q, absmax, bs, qt, [N, K], bf16, out=out))
+            add("reference", lambda: R["dequantize_4bit.out"](q, absmax, bs, qt, [N, K], bf16, out))
+    elif kind == "quantize_blockwise":
+        W, code = t["W"], F.create_dynamic_map(signed=True)
+        add("ours", lambda: ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT))
+        add("reference", lambda: R["quantize_blockwise"](W, code, common.BLOCKSIZE_8BIT))
+    elif kind == "dequantize_blockwise":
+        A, absmax, code = t["A"], t["absmax"], F.create_dynamic_map(signed=True)
+        add("ours", lambda: ops.dequantize_blockwise(A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32))
+        add("reference", lambda: R["dequantize_blockwise"](A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32))
+    elif kind == "gemv_4bit":
+        x, layers, code = t["x"], t["layers"], F.get_4bit_type(qt)
+        dense_w = common.weight(N, K)
+        if case.id.startswith("gemv_4bit/hot"):
+            q, absmax = layers[0]
+
+            def ours():
+                for _ in range(case.calls):
+                    ops.gemv_4bit(x, q, [N, K], absmax, code, bs)
+
+            def dense():
+                for _ in range(case.calls):
+                    TF.linear(x, dense_w)
+
+            add("ours", ours, case.calls)
+            add("reference", lambda: R["gemv_4bit"](x, q, [N, K], absmax, code, bs))
+            add("dense", dense, case.calls)
+            checks["reference"] = common.sample(R["gemv_4bit"](x, q, [N, K], absmax, code, bs))
+        else:
+            dense_layers = [dense_w] + [dense_w.clone() for _ in range(common.stream_layers(2 * N * K) - 1)]
+
+            def ours():
+                for q, absmax in layers:
+                    ops.gemv_4bit(x, q, [N, K], absmax, code, bs)
+
+            def dense():
+                for w in dense_layers:
+                    TF.linear(x, w)
+
+            add("ours", ours, len(layers))
+            add("dense", dense, len(dense_layers))
+            case.notes.append(
+                "reference not timed here: it dequantizes the whole weight (compute-bound), see the hot row"
+            )
+    elif kind == "gemm_4bit":
+        x, (q, absmax) = t["x"], t["layers"][0]
+        dense_w = common.weight(N, K)
+        add("ours", lambda: ops.gemm_4bit(x, q, [N, K], absmax, bs, qt))
+        add("reference", lambda: R["gemm_4bit"](x, q, [N, K], absmax, bs, qt))
+        add("dense", lambda: TF.linear(x, dense_w))
+        checks["reference"] = common.sample(R["gemm_4bit"](x, q, [N, K], absmax, bs, qt))
+    elif kind == "int8_vectorwise_quant":
+        W = t["W"]
+        add("ours", lambda: ops.int8_vectorwise_quant(W, 0.0))
+        add("reference", lambda: R["int8_vectorwise_quant"](W, 0.0))
+    elif kind == "int8_linear_matmul":
+        A, B = t["A"], t["B"]
+        x, dense_w = common.activations(case.M, K), common.weight(N, K)
+        add("ours", lambda: ops.int8_linear_matmul(A, B))
+        add("reference", lambda: R["int8_linear_matmul"](A, B))
+        add("dense", lambda: TF.linear(x, dense_w))
+    elif kind == "adam8bit":
+        qmap1, qmap2 = F.create_dynamic_map(signed=True), F.create_dynamic_map(signed=False)
+        add("ours", common.adam8bit_step(ops.optimizer_update_8bit_blockwise, qmap1, qmap2, t))
+        # The reference updates its own copy of the state, so ours keeps stepping on its own.
+        ref_t = {k: v.clone() for k, v in t.items()}
+        add("reference", common.adam8bit_step(R["optimizer_update_8bit_blockwise"], qmap1, qmap2, ref_t))
+        p = torch.nn.Parameter(t["p"].clone())
+        p.grad = t["g"].clone()
+        a = common.ADAM
+        adamw = torch.optim.AdamW(
+            [p], lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"], weight_decay=a["weight_decay"], fused=True
+        )
+        add("dense", adamw.step)
+    else:
+        raise KeyError(case.id)
+    if not native:
+        impls.pop("ours")
+    return impls, checks
+
+
+def native_ops() -> list[str]:
+    from bitsandbytes._ops import OPS
+    from bitsandbytes.backends.dispatch import has_kernel
+
+    return [op for op in OPS if has_kernel(op, "CPU")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="CPU benchmark of bitsandbytes-cpu (issue 3).")
+    parser.add_argument("--quick", action="store_true", help="one shape, shorter timing budget (about 2 minutes)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every side (default 2)")
+    parser.add_argument("--upstream-python", default="", help="interpreter of a venv with upstream bitsandbytes")
+    parser.add_argument("--only", default="", help="run only the cases whose id contains this substring")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for cpu_bench.md/.json")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    threads = common.set_threads(args.threads)
+    budget = common.QUICK if args.quick else common.FULL
+
+    # bitsandbytes first: its import loads the cpu backend through the entry point. (Importing
+    # bitsandbytes_cpu first makes that load see a partially initialised module and skip the backend.)
+    importlib.import_module("bitsandbytes")
+    import bitsandbytes_cpu
+    from bitsandbytes_cpu import _C
+
+    try:
+        from importlib.metadata import version
+
+        backend_version = version("bitsandbytes-cpu")
+    except Exception:
+        backend_version = getattr(bitsandbytes_cpu, "__version__", "?")
+    native = native_ops()
+    meta = {
+        "quick": args.quick,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_name(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "isa": _C.isa(),
+        "backend_version": backend_version,
+        "native_ops": native,
+        "python": sys.executable,
+        "load_start": _loadavg(),
+    }
+    print(f"threads {threads}, ISA {meta['isa']}, native on cpu: {', '.join(native) or 'none'}", flush=True)
+    copy_start = common.copy_bandwidth(budget)
+    print(f"copy bandwidth {copy_start['GBps']:.1f} GB/s", flush=True)
+
+    upstream, upstream_meta, upstream_error = None, None, "no --upstream-python given"
+    if args.upstream_python:
+        try:
+            upstream = Upstream(args.upstream_python, threads, args.quick)
+            upstream_meta, upstream_error = upstream.meta, ""
+            print(f"upstream bitsandbytes {upstream.meta['version']} ({args.upstream_python})", flush=True)
+        except Exception as exc:
+            upstream_error = f"worker failed to start: {exc}"
+            print(upstream_error, file=sys.stderr)
+
+    cases = [c for c in common.cases(args.quick) if args.only in c.id]
+    rows = []
+    try:
+        for i, case in enumerate(cases, 1):
+            is_native = case.op in native
+            times: dict = {}
+            if upstream is not None:
+                try:
+                    times["upstream"] = upstream.run(case.id)
+                except Exception as exc:  # the worker died: report it, go on without upstream
+                    times["upstream"] = {"error": str(exc)}
+                    upstream.close()
+                    upstream_error, upstream = f"worker died at {case.id}", None
+                if "error" in times["upstream"]:
+                    case.notes.append(f"upstream failed: {_first_line(times['upstream']['error'])}")
+                if "repack_s" in times["upstream"]:
+                    repack_ms = times["upstream"]["repack_s"] * 1e3
+                    case.notes.append(
+                        f"upstream's first eval forward (the repack trigger) took {repack_ms:.0f} ms per layer, "
+                        f"excluded from its time; weight repacked: {times['upstream'].get('repacked')}"
+                    )
+            t = common.inputs(case)
+            impls, checks = our_impls(case, t, is_native)
+            with torch.no_grad():
+                for name, timing in common.measure_many(impls, budget).items():
+                    times[name] = timing
+                    if "error" in timing:
+                        case.notes.append(f"{name} failed: {_first_line(timing['error'])}")
+            up_sample = times.get("upstream", {}).get("sample")
+            if up_sample and "reference" in checks:
+                diff = max_rel_diff(up_sample, checks["reference"])
+                times["upstream"]["max_rel_diff_vs_reference"] = diff
+                case.notes.append(
+                    f"upstream's output vs the reference: max rel. difference {diff:.2g} (first 16 values)"
+                )
+            del t, impls
+            row = {**case.to_dict(), "native": is_native, "times": times}
+            rows.append(row)
+            cells = "  ".join(f"{k} {v['median_s'] * 1e3:.3g} ms" for k, v in times.items() if "median_s" in v)
+            print(f"[{i}/{len(cases)}] {case.id}{'' if is_native else ' (not native)'}: {cells}", flush=True)
+    finally:
+        if upstream is not None:
+            upstream.close()
+
+    copy_end = common.copy_bandwidth(budget)
+    best = max(copy_start, copy_end, key=lambda r: r["GBps"])
+    results = {
+        "meta": {**meta, "wall_s": time.perf_counter() - start, "load_end": _loadavg()},
+        "copy_bandwidth": {**best, "start_GBps": copy_start["GBps"], "end_GBps": copy_end["GBps"]},
+        "upstream_meta": upstream_meta,
+        "upstream_error": upstream_error,
+        "cases": rows,
+    }
+    results["targets"] = report.verdicts(results)
+    md, js = report.save(results, args.out)
+    print()
+    print(md.read_text())
+    print(f"saved {md} and {js}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

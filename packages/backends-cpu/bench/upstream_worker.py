@@ -1,0 +1,198 @@
+"""Upstream bitsandbytes' side of the CPU benchmark; runs inside upstream's own venv.
+
+``run.py`` starts this script with upstream's interpreter and keeps it alive for the whole run: it
+writes one case id per line on stdin and reads one result per line from stdout (prefixed ``BENCH ``,
+so nothing upstream prints can be mistaken for a result), so each upstream number is taken right
+next to ours and the ratios compare the same moment of a noisy machine. The inputs are the ones
+``common.inputs`` builds in our process too.
+
+What runs is upstream's public path on CPU, as a user gets it:
+- quantize/dequantize and int8 ops: ``torch.ops.bitsandbytes.*`` (upstream's cpu kernel where it has
+  one, else its default torch kernel), and ``functional.dequantize_4bit`` for the public-API row.
+- gemv (batch 1) and the batch-32/512 forward: ``nn.Linear4bit`` in eval mode under ``torch.no_grad``
+  with a bf16 input. Its first forward repacks the weight into upstream's AVX512-BF16 layout
+  (``_convert_weight_packed_for_cpu``, absmax to bf16) and later forwards run
+  ``gemv_4bit_inference_cpu_*`` through ``matmul_4bit``; that first forward is the trigger, is done
+  before timing (its cost is reported as ``repack_s``), and every layer of the streaming rotation is
+  repacked so. Without AVX512-BF16 upstream has no such path and the plain (dequantize + matmul)
+  forward is timed instead; ``meta.repacked_eval_path`` says which.
+- Adam8bit: ``torch.ops.bitsandbytes.optimizer_update_8bit_blockwise`` (upstream's torch code on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common
+import torch
+
+
+def _send(obj: dict) -> None:
+    sys.stdout.write("BENCH " + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _linear4bit(bnb, F, q: torch.Tensor, absmax: torch.Tensor, N: int, K: int, x: torch.Tensor):
+    """An upstream Linear4bit holding the packed weight, put through its first eval forward (repack)."""
+    layer = bnb.nn.Linear4bit(
+        K,
+        N,
+        bias=False,
+        compute_dtype=torch.bfloat16,
+        compress_statistics=False,
+        quant_type=common.QUANT_TYPE,
+        device="meta",
+    )
+    state = F.QuantState(
+        absmax=absmax,
+        shape=torch.Size([N, K]),
+        code=F.get_4bit_type(common.QUANT_TYPE, device="cpu"),
+        dtype=torch.bfloat16,
+        blocksize=common.BLOCKSIZE_4BIT,
+        quant_type=common.QUANT_TYPE,
+    )
+    layer.weight = bnb.nn.Params4bit(
+        q,
+        requires_grad=False,
+        quant_state=state,
+        blocksize=common.BLOCKSIZE_4BIT,
+        compress_statistics=False,
+        quant_type=common.QUANT_TYPE,
+        bnb_quantized=True,
+        module=layer,
+    )
+    layer.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        layer(x[:1])  # the trigger: upstream repacks on the first eval forward
+    return layer, time.perf_counter() - t0
+
+
+def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
+    ops = torch.ops.bitsandbytes
+    N, K = case.N, case.K
+    t = common.inputs(case)
+    kind = case.id.split("/")[0]
+    extra: dict = {}
+    if kind == "quantize_4bit":
+        W = t["W"]
+
+        def fn():
+            return ops.quantize_4bit(W, common.BLOCKSIZE_4BIT, common.QUANT_TYPE, torch.uint8)
+    elif kind == "dequantize_4bit":
+        q, absmax, out = t["q"], t["absmax"], t["out"]
+        if "/api/" in case.id:
+            state = F.QuantState(
+                absmax=absmax,
+                shape=torch.Size([N, K]),
+                code=F.get_4bit_type(common.QUANT_TYPE, device="cpu"),
+                blocksize=common.BLOCKSIZE_4BIT,
+                quant_type=common.QUANT_TYPE,
+                dtype=torch.bfloat16,
+            )
+
+            def fn():
+                return F.dequantize_4bit(q, state)
+        else:
+
+            def fn():
+                ops.dequantize_4bit.out(
+                    q, absmax, common.BLOCKSIZE_4BIT, common.QUANT_TYPE, [N, K], torch.bfloat16, out=out
+                )
+    elif kind == "quantize_blockwise":
+        W, code = t["W"], F.create_dynamic_map(signed=True)
+
+        def fn():
+            return ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT)
+    elif kind == "dequantize_blockwise":
+        A, absmax, code = t["A"], t["absmax"], F.create_dynamic_map(signed=True)
+
+        def fn():
+            return ops.dequantize_blockwise(A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32)
+    elif kind in ("gemv_4bit", "gemm_4bit"):
+        x = t["x"]
+        built = [_linear4bit(bnb, F, q, absmax, N, K, x) for q, absmax in t["layers"]]
+        layers = [b[0] for b in built]
+        extra["repack_s"] = sorted(b[1] for b in built)[len(built) // 2]
+        extra["repacked"] = bool(getattr(layers[0].weight.quant_state, "packing_format_for_cpu", False))
+        with torch.no_grad():
+            extra["sample"] = common.sample(layers[0](x))
+        if case.id.startswith("gemv_4bit/hot"):
+            layer = layers[0]
+
+            def fn():
+                for _ in range(case.calls):
+                    layer(x)
+        else:
+
+            def fn():
+                for layer in layers:
+                    layer(x)
+    elif kind == "int8_vectorwise_quant":
+        W = t["W"]
+
+        def fn():
+            return ops.int8_vectorwise_quant(W, 0.0)
+    elif kind == "int8_linear_matmul":
+        A, B = t["A"], t["B"]
+
+        def fn():
+            return ops.int8_linear_matmul(A, B)
+    elif kind == "adam8bit":
+        fn = common.adam8bit_step(
+            ops.optimizer_update_8bit_blockwise,
+            F.create_dynamic_map(signed=True),
+            F.create_dynamic_map(signed=False),
+            t,
+        )
+    else:
+        raise KeyError(case.id)
+    calls = case.calls if kind == "gemv_4bit" else 1
+    with torch.no_grad():
+        return {**common.measure(fn, budget, calls=calls), **extra}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    threads = common.set_threads(args.threads)
+    budget = common.QUICK if args.quick else common.FULL
+
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    by_id = {c.id: c for c in common.cases(args.quick)}
+    _send(
+        {
+            "meta": {
+                "version": bnb.__version__,
+                "torch": torch.__version__,
+                "threads": threads,
+                "python": sys.executable,
+                "repacked_eval_path": bool(F.has_avx512bf16()),
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            }
+        }
+    )
+    for line in sys.stdin:
+        case_id = line.strip()
+        if not case_id:
+            continue
+        try:
+            result = run_case(bnb, F, by_id[case_id], budget)
+        except Exception as exc:  # reported in the table, the run goes on
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        _send({"id": case_id, **result})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+#include <nanobind/stl/optional.h>
+
+#include <bitsandbytes/formats.h>
+
+#include <optional>
+
+#include "array.h"
+#include "bindings.h"
+#include "isa.h"
+#include "kernels/gemv_4bit.h"
+
+namespace bnb {
+namespace {
+
+// Packed codes arrive as uint8 bytes (the glue views any quant_storage as bytes); at least `need`.
+const uint8_t* packed_bytes(Array& B, int64_t need) {
+  const uint8_t* p = u8(B, "B");
+  if (numel(B) < need)
+    throw std::invalid_argument("B holds " + std::to_string(numel(B)) + " bytes, fewer than the " +
+                                std::to_string(need) + " needed");
+  return p;
+}
+
+void check_dims(int64_t a, const char* what) {
+  if (a < 0) throw std::invalid_argument(std::string(what) + " must be >= 0");
+}
+
+}  // namespace
+
+BNB_BINDINGS(matmul_4bit) {
+  // out[M, N] = A[M, K] @ W.T (+ bias), W the [N, K] packed 4-bit weight with table `code`.
+  m.def("gemv_4bit", [](Array A, Array B, int64_t M, int64_t N, int64_t K, Array absmax, Array code, int64_t blocksize,
+                        std::optional<Array> bias, Array out, int threads) {
+    check_blocksize(blocksize);
+    check_dims(M, "M");
+    check_dims(N, "N");
+    check_dims(K, "K");
+    DType dt = float_dtype(A, "A");
+    const void* a = float_data(A, "A", dt, M * K);
+    const uint8_t* b = packed_bytes(B, (N * K + 1) / 2);
+    const float* am = f32(absmax, "absmax", n_blocks(N * K, blocksize));
+    const float* c = f32(code, "code", 16);
+    const void* bs = bias ? float_data(*bias, "bias", dt, N) : nullptr;
+    void* y = float_data(out, "out", dt, M * N);
+    nb::gil_scoped_release release;
+    BNB_DISPATCH(gemv_4bit, a, dt, M, N, K, b, am, c, blocksize, bs, y, threads);
+  });
+  // Whether bf16 A takes the AVX512-BF16 dot-product path at the active level; 0/1 switch it (tests).
+  m.def("gemv_4bit_bf16_dot", [](int mode) {
+    bool used = false;
+    BNB_DISPATCH(gemv_4bit_bf16_dot, mode, &used);
+    return used;
+  }, nb::arg("mode") = -1);
+  // out = the flat weights [i0, i1) of a packed 4-bit tensor, rounded to out's dtype.
+  m.def("dequantize_4bit_range", [](Array B, Array absmax, Array code, int64_t blocksize, int64_t i0, int64_t i1,
+                                    Array out, int threads) {
+    check_blocksize(blocksize);
+    check_dims(i0, "i0");
+    if (i1 < i0) throw std::invalid_argument("i1 must be >= i0");
+    const uint8_t* b = packed_bytes(B, (i1 + 1) / 2);
+    const float* am = f32(absmax, "absmax");
+    if (numel(absmax) < n_blocks(i1, blocksize))
+      throw std::invalid_argument("absmax must have at least " + std::to_string(n_blocks(i1, blocksize)) +
+                                  " elements; got " + std::to_string(numel(absmax)));
+    const float* c = f32(code, "code", 16);
+    DType dt = float_dtype(out, "out");
+    void* y = float_data(out, "out", dt, i1 - i0);
+    nb::gil_scoped_release release;
+    BNB_DISPATCH(dequantize_4bit_range, b, am, c, blocksize, i0, i1, y, dt, threads);
+  });
+  // Double-quantized block scales to fp32: code8[q[j]] * absmax2[j / 256] + offset.
+  m.def("expand_nested_absmax", [](Array q, Array absmax2, Array code8, Array offset, Array out, int threads) {
+    const int64_t n = numel(q);
+    const uint8_t* qp = u8(q, "absmax_8bit");
+    const float* a2 = f32(absmax2, "absmax", n_blocks(n, BNB_DOUBLE_QUANT_BLOCKSIZE));
+    const float* c8 = f32(code8, "absmax_code", 256);
+    const float off = *f32(offset, "absmax_offset", 1);
+    float* y = f32(out, "out", n);
+    nb::gil_scoped_release release;
+    BNB_DISPATCH(expand_nested_absmax, qp, a2, c8, off, n, y, threads);
+  });
+}
+
+}  // namespace bnb

@@ -1,0 +1,482 @@
+#include "kernels/gemv_4bit.h"
+
+#include <bitsandbytes/formats.h>
+
+#include <algorithm>
+#include <vector>
+
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace bnb {
+namespace BNB_ISA_NS {
+
+namespace {
+
+// Weights per SIMD step of the fast path: 16 bytes (AVX-512) or 8 bytes (AVX2) of packed codes give one
+// register of even-position (high nibble) and one of odd-position (low nibble) weights. A is stored
+// de-interleaved to match (each chunk: its even positions, then its odd ones), so no shuffles are needed
+// in the inner loop. 0: no fast path at this ISA level (everything takes the generic path).
+#if defined(BNB_ISA_AVX512)
+constexpr int64_t kChunk = 32;
+#elif defined(BNB_ISA_AVX2)
+constexpr int64_t kChunk = 16;
+#else
+constexpr int64_t kChunk = 0;
+#endif
+
+// Rows of A handled per pass over a weight row (each decoded weight is reused this many times).
+constexpr int kMaxRows = 4;
+
+// Converts A ([M, K] of D) to fp32, de-interleaving each chunk of `chunk` values when chunk > 0.
+template <DType D>
+void load_A(const typename Elem<D>::T* A, int64_t M, int64_t K, int64_t chunk, float* buf) {
+  const int64_t n = M * K;
+  if (chunk == 0) {
+    for (int64_t i = 0; i < n; ++i) buf[i] = Elem<D>::load(A[i]);
+    return;
+  }
+  const int64_t half = chunk / 2;
+  for (int64_t c = 0; c < n; c += chunk) {
+    for (int64_t j = 0; j < half; ++j) {
+      buf[c + j] = Elem<D>::load(A[c + 2 * j]);
+      buf[c + half + j] = Elem<D>::load(A[c + 2 * j + 1]);
+    }
+  }
+}
+
+// The weight row at flat offset `base` walked in segments that share one block scale: calls
+// seg(k0, k1, block) for consecutive [k0, k1) covering [0, K). blocksize is a power of two (shifts, not
+// divisions: this runs once per block).
+template <class Seg>
+inline void for_each_segment(int64_t base, int64_t K, int64_t blocksize, Seg&& seg) {
+  int shift = 0;
+  while ((int64_t(1) << shift) < blocksize) ++shift;
+  int64_t k = 0;
+  if (((base | K) & (blocksize - 1)) == 0) {  // whole blocks: the common case
+    for (int64_t b = base >> shift; k < K; k += blocksize, ++b) seg(k, k + blocksize, b);
+    return;
+  }
+  while (k < K) {
+    const int64_t b = (base + k) >> shift;
+    const int64_t kend = std::min(K, ((b + 1) << shift) - base);
+    seg(k, kend, b);
+    k = kend;
+  }
+}
+
+// Any alignment (odd K, rows starting mid-byte, blocks ending mid-row). A in natural layout.
+template <int R>
+void row_generic(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
+                 const float* code, const float* a, int64_t lda, float* res) {
+  float acc_e[R], acc_o[R];
+  for (int r = 0; r < R; ++r) acc_e[r] = acc_o[r] = 0.0f;
+  for_each_segment(base, K, blocksize, [&](int64_t k, int64_t kend, int64_t b) {
+    float tab[16];
+    const float s = absmax[b];
+    for (int i = 0; i < 16; ++i) tab[i] = code[i] * s;
+    if (k < kend && ((base + k) & 1)) {  // row or segment starts on a low nibble
+      const float w = tab[B[(base + k) >> 1] & 15];
+      for (int r = 0; r < R; ++r) acc_o[r] += w * a[r * lda + k];
+      ++k;
+    }
+    for (; k + 2 <= kend; k += 2) {
+      const uint8_t byte = B[(base + k) >> 1];
+      const float we = tab[byte >> 4], wo = tab[byte & 15];
+      for (int r = 0; r < R; ++r) {
+        acc_e[r] += we * a[r * lda + k];
+        acc_o[r] += wo * a[r * lda + k + 1];
+      }
+    }
+    if (k < kend) {
+      const float w = tab[B[(base + k) >> 1] >> 4];
+      for (int r = 0; r < R; ++r) acc_e[r] += w * a[r * lda + k];
+    }
+  });
+  for (int r = 0; r < R; ++r) res[r] = acc_e[r] + acc_o[r];
+}
+
+#if defined(BNB_ISA_AVX512)
+// K % 32 == 0: rows start on a byte and every block boundary falls on a chunk boundary. The 16-entry
+// table scaled by the block's absmax (fp32, exactly the reference's weights) sits in one register;
+// vpermps looks up 16 codes at once and ignores the index bits above the low 4, so the low nibble
+// needs no masking.
+template <int R>
+void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
+              const float* a, int64_t lda, float* res) {
+  constexpr int U = R <= 2 ? 2 : 1;  // chunks per step: more independent FMA chains for few rows
+  const uint8_t* row = B + base / 2;
+  const __m512 ctab = _mm512_loadu_ps(code);
+  __m512 acc[U][R][2];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm512_setzero_ps();
+  for_each_segment(base, K, blocksize, [&](int64_t k, int64_t kend, int64_t b) {
+    const __m512 tab = _mm512_mul_ps(ctab, _mm512_set1_ps(absmax[b]));
+    auto step = [&](int u, int64_t kk) {
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kk / 2)));
+      const __m512 wo = _mm512_permutexvar_ps(bytes, tab);
+      const __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), tab);
+      for (int r = 0; r < R; ++r) {
+        acc[u][r][0] = _mm512_fmadd_ps(we, _mm512_loadu_ps(a + r * lda + kk), acc[u][r][0]);
+        acc[u][r][1] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(a + r * lda + kk + 16), acc[u][r][1]);
+      }
+    };
+    for (; k + 32 * U <= kend; k += 32 * U)
+      for (int u = 0; u < U; ++u) step(u, k + 32 * u);
+    for (; k < kend; k += 32) step(0, k);
+  });
+  for (int r = 0; r < R; ++r) {
+    __m512 s = _mm512_add_ps(acc[0][r][0], acc[0][r][1]);
+    for (int u = 1; u < U; ++u) s = _mm512_add_ps(s, _mm512_add_ps(acc[u][r][0], acc[u][r][1]));
+    res[r] = _mm512_reduce_add_ps(s);
+  }
+}
+#elif defined(BNB_ISA_AVX2)
+// K % 16 == 0. Two 8-entry halves of the scaled table; bit 3 of the code (moved to the sign bit)
+// chooses between the two permutes.
+inline __m256 lookup16(__m256 lo, __m256 hi, __m256i idx, __m256i sel) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                          _mm256_castsi256_ps(sel));
+}
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int R>
+void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
+              const float* a, int64_t lda, float* res) {
+  constexpr int U = R <= 2 ? 2 : 1;
+  const uint8_t* row = B + base / 2;
+  const __m256 clo = _mm256_loadu_ps(code), chi = _mm256_loadu_ps(code + 8);
+  __m256 acc[U][R][2];
+  for (int u = 0; u < U; ++u)
+    for (int r = 0; r < R; ++r) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
+  for_each_segment(base, K, blocksize, [&](int64_t k, int64_t kend, int64_t b) {
+    const __m256 s = _mm256_set1_ps(absmax[b]);
+    const __m256 tlo = _mm256_mul_ps(clo, s), thi = _mm256_mul_ps(chi, s);
+    auto step = [&](int u, int64_t kk) {
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + kk / 2)));
+      const __m256 wo = lookup16(tlo, thi, bytes, _mm256_slli_epi32(bytes, 28));
+      const __m256 we = lookup16(tlo, thi, _mm256_srli_epi32(bytes, 4), _mm256_slli_epi32(bytes, 24));
+      for (int r = 0; r < R; ++r) {
+        acc[u][r][0] = _mm256_fmadd_ps(we, _mm256_loadu_ps(a + r * lda + kk), acc[u][r][0]);
+        acc[u][r][1] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(a + r * lda + kk + 8), acc[u][r][1]);
+      }
+    };
+    for (; k + 16 * U <= kend; k += 16 * U)
+      for (int u = 0; u < U; ++u) step(u, k + 16 * u);
+    for (; k < kend; k += 16) step(0, k);
+  });
+  for (int r = 0; r < R; ++r) {
+    __m256 s = _mm256_add_ps(acc[0][r][0], acc[0][r][1]);
+    for (int u = 1; u < U; ++u) s = _mm256_add_ps(s, _mm256_add_ps(acc[u][r][0], acc[u][r][1]));
+    res[r] = hsum256(s);
+  }
+}
+#else
+template <int R>
+void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
+              const float* a, int64_t lda, float* res) {
+  row_generic<R>(B, base, K, absmax, blocksize, code, a, lda, res);
+}
+#endif
+
+#if defined(BNB_ISA_AVX512) && (defined(__GNUC__) || defined(__clang__))
+#define BNB_GEMV_BF16_DOT 1
+// bf16 A on CPUs with AVX512-BF16: vdpbf16ps does 32 multiply-adds per instruction (twice the fp32 FMA
+// rate) with fp32 accumulation. The block's table is scaled in fp32 and rounded to bf16: exactly the
+// reference's weight rounded to A's dtype, so products are exact and only the summation order differs.
+// A is stored as bf16, each chunk of 64 de-interleaved (32 even positions, then 32 odd). Needs chunks
+// of 64 that never straddle a block: K % 64 == 0 and blocksize >= 64.
+#define BNB_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+bool cpu_has_avx512bf16() {
+  static const bool v = __builtin_cpu_supports("avx512bf16");
+  return v;
+}
+
+template <int R>
+BNB_BF16_TARGET inline __attribute__((always_inline)) void bf16_step(const uint8_t* row, int64_t k, __m512i tab,
+                                                                       const uint16_t* a, int64_t lda,
+                                                                       __m512 (&acc)[R][2]) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2)));
+  // vpermw reads the low 5 bits of each index: the table is stored twice, so the low nibble needs no mask.
+  const __m512i wo = _mm512_permutexvar_epi16(w, tab);
+  const __m512i we = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tab);
+  for (int r = 0; r < R; ++r) {
+    const uint16_t* ar = a + r * lda + k;
+    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)we, (__m512bh)_mm512_loadu_si512(ar));
+    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)wo, (__m512bh)_mm512_loadu_si512(ar + 32));
+  }
+}
+
+BNB_BF16_TARGET inline __attribute__((always_inline)) __m512i bf16_table(__m512 ctab, float scale) {
+  const __m256i t = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(ctab, _mm512_set1_ps(scale)));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(t), t, 1);
+}
+
+template <int R>
+BNB_BF16_TARGET void row_bf16(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
+                              const float* code, const uint16_t* a, int64_t lda, float* res) {
+  int shift = 0;
+  while ((int64_t(1) << shift) < blocksize) ++shift;
+  const uint8_t* row = B + base / 2;
+  const __m512 ctab = _mm512_loadu_ps(code);
+  __m512 acc0[R][2], acc1[R][2];  // two sets: independent dependency chains for consecutive chunks
+  for (int r = 0; r < R; ++r) acc0[r][0] = acc0[r][1] = acc1[r][0] = acc1[r][1] = _mm512_setzero_ps();
+  int64_t cur = -1;
+  __m512i tab = _mm512_setzero_si512();
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128) {
+    int64_t b = (base + k) >> shift;
+    if (b != cur) tab = bf16_table(ctab, absmax[cur = b]);
+    bf16_step<R>(row, k, tab, a, lda, acc0);
+    b = (base + k + 64) >> shift;
+    if (b != cur) tab = bf16_table(ctab, absmax[cur = b]);
+    bf16_step<R>(row, k + 64, tab, a, lda, acc1);
+  }
+  if (k < K) {
+    const int64_t b = (base + k) >> shift;
+    if (b != cur) tab = bf16_table(ctab, absmax[b]);
+    bf16_step<R>(row, k, tab, a, lda, acc0);
+  }
+  for (int r = 0; r < R; ++r)
+    res[r] = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc0[r][0], acc0[r][1]), _mm512_add_ps(acc1[r][0], acc1[r][1])));
+}
+
+// M == 1: two weight rows per pass share every load of A (A is re-read from cache once per row pair
+// instead of once per row; matters when a row of A no longer fits in L1, e.g. K = 11008).
+BNB_BF16_TARGET void row_pair_bf16(const uint8_t* B, int64_t base0, int64_t K, const float* absmax,
+                                   int64_t blocksize, const float* code, const uint16_t* a, float* res) {
+  int shift = 0;
+  while ((int64_t(1) << shift) < blocksize) ++shift;
+  const int64_t base1 = base0 + K;
+  const uint8_t* row0 = B + base0 / 2;
+  const uint8_t* row1 = B + base1 / 2;
+  const __m512 ctab = _mm512_loadu_ps(code);
+  // Per row the same two accumulator sets as row_bf16<1> (even / odd chunks) and the same final sum,
+  // so a row's result does not depend on whether it was computed in a pair (thread-count independence).
+  __m512 e0[1][2], o0[1][2], e1[1][2], o1[1][2];
+  e0[0][0] = e0[0][1] = o0[0][0] = o0[0][1] = e1[0][0] = e1[0][1] = o1[0][0] = o1[0][1] = _mm512_setzero_ps();
+  int64_t cur0 = -1, cur1 = -1;
+  __m512i tab0 = _mm512_setzero_si512(), tab1 = _mm512_setzero_si512();
+  auto chunk = [&](int64_t k, __m512 (&acc0)[1][2], __m512 (&acc1)[1][2]) BNB_BF16_TARGET {
+    const int64_t b0 = (base0 + k) >> shift, b1 = (base1 + k) >> shift;
+    if (b0 != cur0) tab0 = bf16_table(ctab, absmax[cur0 = b0]);
+    if (b1 != cur1) tab1 = bf16_table(ctab, absmax[cur1 = b1]);
+    bf16_step<1>(row0, k, tab0, a, 0, acc0);
+    bf16_step<1>(row1, k, tab1, a, 0, acc1);
+  };
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128) {
+    chunk(k, e0, e1);
+    chunk(k + 64, o0, o1);
+  }
+  if (k < K) chunk(k, e0, e1);
+  res[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e0[0][0], e0[0][1]), _mm512_add_ps(o0[0][0], o0[0][1])));
+  res[1] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e1[0][0], e1[0][1]), _mm512_add_ps(o1[0][0], o1[0][1])));
+}
+#endif
+
+int bf16_dot_mode = 1;  // gemv_4bit_bf16_dot(): 0 forces the fp32 path (tests)
+
+template <int R>
+void row_dot(bool fast, const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
+             const float* code, const float* a, int64_t lda, float* res) {
+  if (fast) row_fast<R>(B, base, K, absmax, blocksize, code, a, lda, res);
+  else row_generic<R>(B, base, K, absmax, blocksize, code, a, lda, res);
+}
+
+#if defined(BNB_ISA_AVX512)
+// Round to nearest even like float_to_bf16 (NaN -> quiet NaN), 16 lanes.
+inline __m256i bf16x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+#endif
+
+#if defined(BNB_ISA_AVX512)
+// The block's 16 weights rounded to a 16-bit dtype (exactly Elem<D>::store), as one ymm of words.
+template <DType D>
+inline __m256i table16(const float* tab) {
+  const __m512 t = _mm512_loadu_ps(tab);
+  if constexpr (D == DType::f16) return _mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  else return bf16x16(t);
+}
+#endif
+
+// Flat weights [f, fend) of one block (scaled table `tab`) into out[f - i0 ...].
+template <DType D>
+void dequant_segment(const uint8_t* B, const float* tab, int64_t f, int64_t fend, typename Elem<D>::T* out) {
+  auto one = [&](int64_t i) {
+    const uint8_t byte = B[i >> 1];
+    *out++ = Elem<D>::store(tab[(i & 1) ? (byte & 15) : (byte >> 4)]);
+  };
+#if defined(BNB_ISA_AVX512)
+  for (; f < fend && (f & 31); ++f) one(f);
+  if (f + 32 <= fend) {
+    if constexpr (D == DType::f32) {
+      const __m512 t = _mm512_loadu_ps(tab);
+      const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+      const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+      for (; f + 32 <= fend; f += 32, out += 32) {
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + f / 2)));
+        const __m512 wo = _mm512_permutexvar_ps(bytes, t);
+        const __m512 we = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), t);
+        _mm512_storeu_ps(out, _mm512_permutex2var_ps(we, ilo, wo));
+        _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(we, ihi, wo));
+      }
+    } else {
+      // 16-bit output: look the rounded weights up directly (vpermw reads the low 4 bits of each index).
+      const __m256i t = table16<D>(tab);
+      const __m256i ilo = _mm256_setr_epi16(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+      const __m256i ihi = _mm256_setr_epi16(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+      for (; f + 32 <= fend; f += 32, out += 32) {
+        const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + f / 2)));
+        const __m256i wo = _mm256_permutexvar_epi16(w, t);
+        const __m256i we = _mm256_permutexvar_epi16(_mm256_srli_epi16(w, 4), t);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutex2var_epi16(we, ilo, wo));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm256_permutex2var_epi16(we, ihi, wo));
+      }
+    }
+  }
+#endif
+  for (; f < fend; ++f) one(f);
+}
+
+}  // namespace
+
+void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax,
+               const float* code, int64_t blocksize, const void* bias, void* out, int threads) {
+  if (M <= 0 || N <= 0) return;
+  const bool fast = kChunk > 0 && K % (kChunk > 0 ? kChunk : 1) == 0;
+#if defined(BNB_GEMV_BF16_DOT)
+  if (dtype == DType::bf16 && bf16_dot_mode && K % 64 == 0 && blocksize >= 64 && cpu_has_avx512bf16()) {
+    std::vector<uint16_t> abuf(size_t(M * K));
+    const uint16_t* x = static_cast<const uint16_t*>(A);
+    for (int64_t c = 0; c < M * K; c += 64)
+      for (int64_t j = 0; j < 32; ++j) {
+        abuf[c + j] = x[c + 2 * j];
+        abuf[c + 32 + j] = x[c + 2 * j + 1];
+      }
+    const uint16_t* bias_t = static_cast<const uint16_t*>(bias);
+    uint16_t* y = static_cast<uint16_t*>(out);
+    const uint16_t* a = abuf.data();
+    const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
+    parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+      float res[kMaxRows];
+      if (M == 1) {
+        // Row pairs from n0: which pair a row falls in depends on n0, but each row's sum is computed
+        // the same way in row_pair_bf16 and row_bf16<1> (same steps, same accumulator split).
+        int64_t n = n0;
+        for (; n + 2 <= n1; n += 2) {
+          row_pair_bf16(B, n * K, K, absmax, blocksize, code, a, res);
+          for (int i = 0; i < 2; ++i)
+            y[n + i] = float_to_bf16(res[i] + (bias_t ? bf16_to_float(bias_t[n + i]) : 0.0f));
+        }
+        n0 = n;
+      }
+      for (int64_t n = n0; n < n1; ++n) {
+        const float bn = bias_t ? bf16_to_float(bias_t[n]) : 0.0f;
+        for (int64_t m = 0; m < M; m += kMaxRows) {
+          const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+          const uint16_t* am = a + m * K;
+          switch (R) {
+            case 1: row_bf16<1>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            case 2: row_bf16<2>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            case 3: row_bf16<3>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            default: row_bf16<4>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
+          }
+          for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);
+        }
+      }
+    });
+    return;
+  }
+#endif
+  std::vector<float> abuf(size_t(M * K));
+  visit_dtype(dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    using T = typename Elem<D>::T;
+    load_A<D>(static_cast<const T*>(A), M, K, fast ? kChunk : 0, abuf.data());
+    const T* bias_t = static_cast<const T*>(bias);
+    T* y = static_cast<T*>(out);
+    const float* a = abuf.data();
+    // Each output element is produced by one call of row_dot, so the thread count changes nothing.
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K * std::min<int64_t>(M, kMaxRows), 1));
+    parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+      float res[kMaxRows];
+      for (int64_t n = n0; n < n1; ++n) {
+        const float bn = bias_t ? Elem<D>::load(bias_t[n]) : 0.0f;
+        for (int64_t m = 0; m < M; m += kMaxRows) {
+          const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+          const float* am = a + m * K;
+          switch (R) {
+            case 1: row_dot<1>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            case 2: row_dot<2>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            case 3: row_dot<3>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            default: row_dot<4>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
+          }
+          for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = Elem<D>::store(res[r] + bn);
+        }
+      }
+    });
+  });
+}
+
+void gemv_4bit_bf16_dot(int mode, bool* used) {
+  if (mode >= 0) bf16_dot_mode = mode;
+#if defined(BNB_GEMV_BF16_DOT)
+  *used = bf16_dot_mode && cpu_has_avx512bf16();
+#else
+  *used = false;
+#endif
+}
+
+void dequantize_4bit_range(const uint8_t* B, const float* absmax, const float* code, int64_t blocksize, int64_t i0,
+                           int64_t i1, void* out, DType dtype, int threads) {
+  if (i1 <= i0) return;
+  visit_dtype(dtype, [&](auto tag) {
+    constexpr DType D = decltype(tag)::value;
+    using T = typename Elem<D>::T;
+    T* y = static_cast<T*>(out);
+    // Pieces of whole 64-value groups so that each piece's vector part starts aligned.
+    const int64_t groups = (i1 - i0 + 63) / 64;
+    parallel_for(groups, 2048, threads, [&](int64_t g0, int64_t g1) {
+      int64_t f = i0 + g0 * 64;
+      const int64_t fend = std::min(i1, i0 + g1 * 64);
+      while (f < fend) {
+        const int64_t b = f / blocksize;
+        const int64_t send = std::min(fend, (b + 1) * blocksize);
+        float tab[16];
+        for (int i = 0; i < 16; ++i) tab[i] = code[i] * absmax[b];
+        dequant_segment<D>(B, tab, f, send, y + (f - i0));
+        f = send;
+      }
+    });
+  });
+}
+
+void expand_nested_absmax(const uint8_t* q, const float* absmax2, const float* code8, float offset, int64_t n,
+                          float* out, int threads) {
+  parallel_for(n, 1 << 15, threads, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const float v = code8[q[j]] * absmax2[j / BNB_DOUBLE_QUANT_BLOCKSIZE];
+      out[j] = v + offset;
+    }
+  });
+}
+
+}  // namespace BNB_ISA_NS
+}  // namespace bnb

@@ -1,0 +1,513 @@
+// Optimizer steps (semantics: bitsandbytes/_reference/optimizers.py).
+//
+// The element math mirrors the reference operation for operation (same float32 roundings, no
+// contraction into FMA), so every ISA level gives the same bits and they match the reference in the
+// common case; the conformance tolerances still apply. The 8-bit step is one pass per block of 256:
+// dequantize the states, step in float32, write p, then the new absmax and codes of each state.
+#include "kernels/optimizers.h"
+
+#include <vector>
+
+#include "kernels/block_scale.h"
+
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace bnb {
+namespace BNB_ISA_NS {
+
+namespace {
+
+constexpr int64_t kBlock = BNB_OPTIMIZER_BLOCKSIZE;
+
+// ---------------------------------------------------------------------------------------------------
+// g / p in their dtype <-> float32 (exact; the same bits as Elem<D> on every level)
+
+template <DType D>
+void load_floats(const typename Elem<D>::T* __restrict src, float* __restrict dst, int64_t len) {
+  int64_t i = 0;
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+  if constexpr (D == DType::f16) {
+    for (; i + 8 <= len; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < len; ++i) dst[i] = Elem<D>::load(src[i]);
+}
+
+// float32 -> bfloat16, round to nearest even, NaN kept quiet: float_to_bf16 without a branch, so loops vectorize.
+inline uint16_t to_bf16(float f) {
+  uint32_t u = float_to_bits(f);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t quiet = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+
+template <DType D>
+void store_floats(const float* __restrict src, typename Elem<D>::T* __restrict dst, int64_t len) {
+  int64_t i = 0;
+  if constexpr (D == DType::bf16) {
+    for (; i < len; ++i) dst[i] = to_bf16(src[i]);
+    return;
+  }
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+  if constexpr (D == DType::f16) {
+    // F16C rounds to nearest even like float_to_f16 (subnormals, overflow to inf and NaN included).
+    for (; i + 8 <= len; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < len; ++i) dst[i] = Elem<D>::store(src[i]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The step of one run of elements, in place on float32 arrays. g holds the raw gradient (float32 of
+// its dtype; skip_zeros tests it before gnorm_scale). `scale` is the max_unorm update scale (1 without).
+// States: adam [m, v], ademamix [m1, m2, nu], the others [s].
+
+template <int R, bool WD, bool SKIP>
+void step_math(const OptStep& c, float scale, const float* __restrict g, float* __restrict p, float* __restrict s1,
+               float* __restrict s2, float* __restrict s3, int64_t len) {
+  const float gnorm = c.gnorm_scale;
+  if constexpr (R == kAdam) {
+    const float step_size = scale * c.adam_step_size;  // update_scale * step_size: one float32 product
+    for (int64_t i = 0; i < len; ++i) {
+      float gr = g[i], gi = gr * gnorm, p0 = p[i], m0 = s1[i], v0 = s2[i];
+      float pd = WD ? p0 * c.decay_factor : p0;
+      float m = c.beta1 * m0 + c.one_minus_beta1 * gi;
+      float v = c.beta2 * v0 + c.one_minus_beta2 * gi * gi;
+      float pn = pd + step_size * (m / (std::sqrt(v) + c.adam_eps));
+      bool keep = SKIP && gr == 0.0f;
+      p[i] = keep ? p0 : pn;
+      s1[i] = keep ? m0 : m;
+      s2[i] = keep ? v0 : v;
+    }
+  } else if constexpr (R == kAdemamix) {
+    for (int64_t i = 0; i < len; ++i) {
+      float gr = g[i], gi = gr * gnorm, p0 = p[i], a0 = s1[i], b0 = s2[i], n0 = s3[i];
+      float pd = WD ? p0 * c.decay_factor : p0;
+      float m1 = c.beta1 * a0 + c.one_minus_beta1 * gi;
+      float m2 = c.beta3 * b0 + c.one_minus_beta3 * gi;
+      float nu = c.beta2 * n0 + c.one_minus_beta2 * gi * gi;
+      float pn = pd - c.lr * ((m1 / c.correction1 + c.alpha * m2) / (std::sqrt(nu) / c.correction2 + c.eps));
+      bool keep = SKIP && gr == 0.0f;
+      p[i] = keep ? p0 : pn;
+      s1[i] = keep ? a0 : m1;
+      s2[i] = keep ? b0 : m2;
+      s3[i] = keep ? n0 : nu;
+    }
+  } else if constexpr (R == kLion) {
+    const float scaled_lr = scale * c.lr;
+    for (int64_t i = 0; i < len; ++i) {
+      float gr = g[i], gi = gr * gnorm, p0 = p[i], s0 = s1[i];
+      float pd = WD ? p0 * c.decay_factor : p0;
+      float d = c.beta1 * s0 + c.one_minus_beta1 * gi;
+      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0).
+      float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : (d != d ? d : 0.0f));
+      float pn = pd - scaled_lr * sg;
+      float s = c.beta2 * s0 + c.one_minus_beta2 * gi;
+      bool keep = SKIP && gr == 0.0f;
+      p[i] = keep ? p0 : pn;
+      s1[i] = keep ? s0 : s;
+    }
+  } else {  // momentum, rmsprop, adagrad: coupled weight decay
+    const float scaled_lr = (R == kAdagrad ? 1.0f : scale) * c.lr;
+    for (int64_t i = 0; i < len; ++i) {
+      float gr = g[i], gi = gr * gnorm, p0 = p[i], s0 = s1[i];
+      if (WD) gi = gi + c.coupled_decay * p0;
+      float s, pn;
+      if constexpr (R == kMomentum) {
+        s = c.first_step ? gi : c.beta1 * s0 + gi;
+        pn = p0 - scaled_lr * s;
+      } else {
+        s = R == kRmsprop ? c.beta1 * s0 + c.one_minus_beta1 * gi * gi : s0 + gi * gi;
+        pn = p0 - scaled_lr * gi / (std::sqrt(s) + c.eps);
+      }
+      bool keep = SKIP && gr == 0.0f;
+      p[i] = keep ? p0 : pn;
+      s1[i] = keep ? s0 : s;
+    }
+  }
+}
+
+// Calls fn(rule, weight-decay, skip-zeros tags) with the three known at compile time.
+template <class Fn>
+void visit_step(const OptStep& c, Fn&& fn) {
+  auto with_flags = [&](auto rule) {
+    if (c.weight_decay) {
+      if (c.skip_zeros) fn(rule, std::true_type{}, std::true_type{});
+      else fn(rule, std::true_type{}, std::false_type{});
+    } else {
+      if (c.skip_zeros) fn(rule, std::false_type{}, std::true_type{});
+      else fn(rule, std::false_type{}, std::false_type{});
+    }
+  };
+  switch (c.rule) {
+    case kAdam: return with_flags(std::integral_constant<int, kAdam>{});
+    case kAdemamix: return with_flags(std::integral_constant<int, kAdemamix>{});
+    case kMomentum: return with_flags(std::integral_constant<int, kMomentum>{});
+    case kRmsprop: return with_flags(std::integral_constant<int, kRmsprop>{});
+    case kAdagrad: return with_flags(std::integral_constant<int, kAdagrad>{});
+    default: return with_flags(std::integral_constant<int, kLion>{});
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// max_unorm: the reference's unorm_vec sums, from the old states and g (without weight decay), reading only.
+// Returns the sum of one run; ademamix adds its second sum (m2) to *second.
+
+template <int R>
+double norm_sum(const OptStep& c, const float* __restrict g, const float* __restrict s1, const float* __restrict s2,
+                int64_t len, double* second) {
+  double acc = 0.0, acc2 = 0.0;
+  for (int64_t i = 0; i < len; ++i) {
+    float gi = g[i] * c.gnorm_scale;
+    if constexpr (R == kAdam) {
+      float m = (c.beta1 * s1[i] + c.one_minus_beta1 * gi) / c.norm_correction1;
+      float v = (c.beta2 * s2[i] + c.one_minus_beta2 * gi * gi) / c.norm_correction2;
+      float x = m / (std::sqrt(v) + c.eps);
+      acc += double(x * x);
+    } else if constexpr (R == kAdemamix) {
+      acc += double(s1[i]);
+      acc2 += double(s2[i]);
+    } else if constexpr (R == kMomentum) {
+      float x = c.first_step ? gi : c.beta1 * s1[i] + gi;
+      acc += double(x * x);
+    } else if constexpr (R == kLion) {
+      // The plain sum of beta2 * m_new + (1 - beta2) * g (an upstream quirk kept by the reference).
+      float s = c.beta2 * s1[i] + c.one_minus_beta2 * gi;
+      acc += double(c.beta2 * s + c.one_minus_beta2 * gi);
+    } else {
+      float s = R == kRmsprop ? c.beta1 * s1[i] + c.one_minus_beta1 * gi * gi : s1[i] + gi * gi;
+      float x = gi / (std::sqrt(s) + c.eps);
+      acc += double(x * x);
+    }
+  }
+  if (second) *second += acc2;
+  return acc;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 8-bit state: dequantize, absmax, nearest code
+
+void dequantize_block(const uint8_t* __restrict q, int64_t len, const float* __restrict qmap, float scale,
+                      float* __restrict out) {
+  int64_t i = 0;
+#if defined(BNB_ISA_AVX512)
+  // The map in 16 registers, looked up 32 entries at a time by permutes and merged on the code's top three
+  // bits: cheaper than a gather on the CPUs measured.
+  __m512 t[16];
+  for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(qmap + 16 * k);
+  const __m512 vs = _mm512_set1_ps(scale);
+  const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64), bit7 = _mm512_set1_epi32(128);
+  for (; i + 16 <= len; i += 16) {
+    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
+    __mmask16 b5 = _mm512_test_epi32_mask(idx, bit5), b6 = _mm512_test_epi32_mask(idx, bit6);
+    __mmask16 b7 = _mm512_test_epi32_mask(idx, bit7);
+    __m512 r[4];
+    for (int k = 0; k < 4; ++k)
+      r[k] = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[4 * k], idx, t[4 * k + 1]),
+                                  _mm512_permutex2var_ps(t[4 * k + 2], idx, t[4 * k + 3]));
+    __m512 value = _mm512_mask_blend_ps(b7, _mm512_mask_blend_ps(b6, r[0], r[1]), _mm512_mask_blend_ps(b6, r[2], r[3]));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(value, vs));
+  }
+#elif defined(BNB_ISA_AVX2)
+  const __m256 vs = _mm256_set1_ps(scale);
+  for (; i + 8 <= len; i += 8) {
+    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(qmap, idx, 4), vs));
+  }
+#endif
+  for (; i < len; ++i) out[i] = qmap[q[i]] * scale;
+}
+
+// Largest |x| (0 for an all-zero run), NaN if any x is NaN: block_absmax's result, vectorized.
+float absmax_of(const float* __restrict x, int64_t len) {
+  int64_t i = 0;
+  float m = 0.0f;
+  bool nan = false;
+#if defined(BNB_ISA_AVX512)
+  __m512 acc = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (; i + 16 <= len; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    bad |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    acc = _mm512_max_ps(_mm512_abs_ps(v), acc);  // a NaN lane keeps acc (second operand)
+  }
+  m = _mm512_reduce_max_ps(acc);
+  nan = bad != 0;
+#elif defined(BNB_ISA_AVX2)
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 acc = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (; i + 8 <= len; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    acc = _mm256_max_ps(_mm256_and_ps(v, abs_mask), acc);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  for (float l : lanes) m = l > m ? l : m;
+  nan = _mm256_movemask_ps(bad) != 0;
+#endif
+  for (; i < len; ++i) {
+    float v = std::fabs(x[i]);
+    nan |= v != v;
+    m = v > m ? v : m;
+  }
+  return nan ? NAN : m;
+}
+
+// Value-sorted slot of a scaled value s in [-1, 1] (or NaN): the number of midpoints below s.
+inline int slot_of(const NearestCode& map, float s) {
+  if (s != s) return 255;
+  uint32_t bits = float_to_bits(s), abs = bits & 0x7fffffffu;
+  uint32_t low_mask = (1u << map.shift) - 1, flip = (bits >> 31) ? low_mask : 0u;
+  uint32_t key = ((abs > map.floor_bits ? abs : map.floor_bits) - map.floor_bits) >> map.shift;
+  uint32_t e = map.entry[key + (flip ? map.keys : 0)];
+  int slot = int(e & 0xffu) + ((e >> (32 - map.shift)) < ((bits & low_mask) ^ flip));
+  if (e & 0x100u)
+    while (map.mids[slot] < s) ++slot;  // mids[255] is +inf
+  return slot;
+}
+
+// Codes of a block whose absmax is `absmax` (the reference's block_absmax_and_scale + nearest_code).
+void quantize_block(const float* __restrict x, int64_t len, float absmax, const NearestCode& map,
+                    uint8_t* __restrict out) {
+  BlockScaler scale(absmax, len == kBlock);
+  int64_t i = 0;
+#if defined(BNB_ISA_AVX512)
+  {
+    const __m512 inv = _mm512_set1_ps(scale.inv), clamped = _mm512_set1_ps(scale.clamped);
+    const __m512 lo = _mm512_set1_ps(-1.0f), hi = _mm512_set1_ps(1.0f);
+    const __m512i abs_bits = _mm512_set1_epi32(0x7fffffff), floor = _mm512_set1_epi32(int(map.floor_bits));
+    const __m512i neg_keys = _mm512_set1_epi32(map.keys), low_mask = _mm512_set1_epi32((1 << map.shift) - 1);
+    const __m128i shift = _mm_cvtsi32_si128(map.shift), threshold_shift = _mm_cvtsi32_si128(32 - map.shift);
+    const __m512i flag = _mm512_set1_epi32(0x100), byte = _mm512_set1_epi32(0xff), one = _mm512_set1_epi32(1);
+    const __m512i last = _mm512_set1_epi32(255);
+    // Locals: the stores through `out` (bytes) could alias the map's fields otherwise.
+    const uint32_t* entry = map.entry;
+    const float* mids = map.mids;
+    const int32_t* order = map.order;
+    const bool full = scale.full, flagged = map.flagged, identity = map.identity;
+    const int width = map.width;
+    for (; i + 16 <= len; i += 16) {
+      __m512 v = _mm512_loadu_ps(x + i);
+      __m512 s = full ? _mm512_mul_ps(v, inv) : _mm512_div_ps(v, clamped);
+      s = _mm512_min_ps(hi, _mm512_max_ps(lo, s));  // max/min return the second operand for NaN: NaN stays
+      __mmask16 ok = _mm512_cmp_ps_mask(s, s, _CMP_ORD_Q);
+      __m512i bits = _mm512_castps_si512(s);
+      __m512i neg = _mm512_srai_epi32(bits, 31);
+      __m512i key = _mm512_srl_epi32(_mm512_sub_epi32(_mm512_max_epu32(_mm512_and_si512(bits, abs_bits), floor), floor),
+                                     shift);
+      key = _mm512_maskz_add_epi32(ok, key, _mm512_and_si512(neg, neg_keys));  // NaN: any valid key
+      __m512i e = _mm512_i32gather_epi32(key, entry, 4);
+      __m512i low = _mm512_xor_si512(_mm512_and_si512(bits, low_mask), _mm512_and_si512(neg, low_mask));
+      __mmask16 above = _mm512_cmpgt_epi32_mask(low, _mm512_srl_epi32(e, threshold_shift));
+      __m512i slot = _mm512_and_si512(e, byte);
+      slot = _mm512_mask_add_epi32(slot, above, slot, one);
+      if (flagged) {
+        __mmask16 more = _mm512_mask_test_epi32_mask(ok, e, flag);
+        for (int k = 0; more && k < width; ++k) {
+          __m512 mid = _mm512_mask_i32gather_ps(s, more, slot, mids, 4);
+          more = _mm512_mask_cmp_ps_mask(more, mid, s, _CMP_LT_OQ);
+          slot = _mm512_mask_add_epi32(slot, more, slot, one);
+        }
+      }
+      slot = _mm512_mask_mov_epi32(last, ok, slot);
+      if (!identity) slot = _mm512_i32gather_epi32(slot, order, 4);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(slot));
+    }
+  }
+#elif defined(BNB_ISA_AVX2)
+  {
+    const __m256 inv = _mm256_set1_ps(scale.inv), clamped = _mm256_set1_ps(scale.clamped);
+    const __m256 lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(1.0f);
+    const __m256i abs_bits = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32(int(map.floor_bits));
+    const __m256i neg_keys = _mm256_set1_epi32(map.keys), low_mask = _mm256_set1_epi32((1 << map.shift) - 1);
+    const __m128i shift = _mm_cvtsi32_si128(map.shift), threshold_shift = _mm_cvtsi32_si128(32 - map.shift);
+    const __m256i flag = _mm256_set1_epi32(0x100), byte = _mm256_set1_epi32(0xff), last = _mm256_set1_epi32(255);
+    // Low byte of each 32-bit lane to the front of its 128-bit half, then both halves' first 4 bytes together.
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+    const uint32_t* entry = map.entry;
+    const float* mids = map.mids;
+    const int32_t* order = map.order;
+    const bool full = scale.full, flagged = map.flagged, identity = map.identity;
+    const int width = map.width;
+    for (; i + 8 <= len; i += 8) {
+      __m256 v = _mm256_loadu_ps(x + i);
+      __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
+      s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
+      __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
+      __m256i bits = _mm256_castps_si256(s);
+      __m256i neg = _mm256_srai_epi32(bits, 31);
+      __m256i key = _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor),
+                                     shift);
+      key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
+      __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(entry), key, 4);
+      __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
+      // Both sides are below 2^23, so a signed comparison is exact; true is all ones (-1): subtracting steps.
+      __m256i slot = _mm256_and_si256(e, byte);
+      slot = _mm256_sub_epi32(slot, _mm256_cmpgt_epi32(low, _mm256_srl_epi32(e, threshold_shift)));
+      if (flagged) {
+        __m256i more = _mm256_and_si256(ok, _mm256_cmpeq_epi32(_mm256_and_si256(e, flag), flag));
+        for (int k = 0; !_mm256_testz_si256(more, more) && k < width; ++k) {
+          __m256 mid = _mm256_mask_i32gather_ps(s, mids, slot, _mm256_castsi256_ps(more), 4);
+          more = _mm256_and_si256(more, _mm256_castps_si256(_mm256_cmp_ps(mid, s, _CMP_LT_OQ)));
+          slot = _mm256_sub_epi32(slot, more);
+        }
+      }
+      slot = _mm256_blendv_epi8(last, slot, ok);
+      if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
+      __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+    }
+  }
+#endif
+  for (; i < len; ++i) out[i] = uint8_t(map.order[slot_of(map, scale(x[i]))]);
+}
+
+// Dequantized state of one block; `codes`/`absmax`/`qmap`/`map` describe its storage.
+struct QState {
+  uint8_t* codes;
+  float* absmax;
+  const float* qmap;
+  const NearestCode* map;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+
+void optimizer_update_32bit(const OptStep& st, DType dtype, const void* g, void* p, float* state1, float* state2,
+                            int64_t n, float* unorm_vec, float limit, int threads) {
+  float* s1 = state1;
+  float* s2 = st.rule == kAdam ? state2 : (st.rule == kAdemamix ? state1 + n : nullptr);
+  float* s3 = st.rule == kAdemamix ? state2 : nullptr;
+  const int64_t chunks = (n + kBlock - 1) / kBlock;
+  const int64_t grain = 64;  // chunks per task: 16k elements
+
+  visit_dtype(dtype, [&](auto dtag) {
+    constexpr DType D = decltype(dtag)::value;
+    using T = typename Elem<D>::T;
+    const T* gt = static_cast<const T*>(g);
+    T* pt = static_cast<T*>(p);
+
+    float scale = 1.0f, new_unorm = 0.0f;
+    if (unorm_vec) {
+      // Pass 1: one partial sum per chunk, added in chunk order, so no thread count changes the result.
+      std::vector<double> part(size_t(chunks) * 2, 0.0);
+      visit_step(st, [&](auto rule, auto, auto) {
+        constexpr int R = decltype(rule)::value;
+        parallel_for(chunks, grain, threads, [&](int64_t c0, int64_t c1) {
+          float gbuf[kBlock];
+          for (int64_t c = c0; c < c1; ++c) {
+            int64_t start = c * kBlock, len = n - start < kBlock ? n - start : kBlock;
+            const float* gc;
+            if constexpr (D == DType::f32) {
+              gc = gt + start;
+            } else {
+              load_floats<D>(gt + start, gbuf, len);
+              gc = gbuf;
+            }
+            const float* a = R == kAdemamix ? s1 + start : s1 + start;
+            const float* b = R == kAdam ? s2 + start : (R == kAdemamix ? s2 + start : nullptr);
+            part[2 * c] = norm_sum<R>(st, gc, a, b, len, &part[2 * c + 1]);
+          }
+        });
+      });
+      double sum = 0.0, sum2 = 0.0;
+      for (int64_t c = 0; c < chunks; ++c) sum += part[2 * c], sum2 += part[2 * c + 1];
+      new_unorm = st.rule == kAdemamix ? float(sum) + float(sum2) : float(sum);
+      // Lion scales by the norm its previous step stored; adagrad and ademamix never scale (upstream quirks).
+      float current = std::sqrt(st.rule == kLion ? *unorm_vec : new_unorm);
+      if (st.rule != kAdagrad && st.rule != kAdemamix && current > limit) scale = limit / current;
+    }
+
+    // Pass 2: the step.
+    visit_step(st, [&](auto rule, auto wd, auto skip) {
+      constexpr int R = decltype(rule)::value;
+      constexpr bool WD = decltype(wd)::value, SKIP = decltype(skip)::value;
+      parallel_for(chunks, grain, threads, [&](int64_t c0, int64_t c1) {
+        int64_t begin = c0 * kBlock, end = c1 * kBlock < n ? c1 * kBlock : n;
+        auto state = [&](float* s, int64_t at) { return s ? s + at : nullptr; };
+        if constexpr (D == DType::f32) {
+          step_math<R, WD, SKIP>(st, scale, gt + begin, pt + begin, state(s1, begin), state(s2, begin),
+                                 state(s3, begin), end - begin);
+        } else {
+          float gbuf[kBlock], pbuf[kBlock];
+          for (int64_t start = begin; start < end; start += kBlock) {
+            int64_t len = end - start < kBlock ? end - start : kBlock;
+            load_floats<D>(gt + start, gbuf, len);
+            load_floats<D>(pt + start, pbuf, len);
+            step_math<R, WD, SKIP>(st, scale, gbuf, pbuf, state(s1, start), state(s2, start), state(s3, start), len);
+            store_floats<D>(pbuf, pt + start, len);
+          }
+        }
+      });
+    });
+    if (unorm_vec) *unorm_vec = new_unorm;
+  });
+}
+
+void optimizer_update_8bit_blockwise(const OptStep& st, DType dtype, const void* g, void* p, uint8_t* state1,
+                                     uint8_t* state2, float* absmax1, float* absmax2, const float* qmap1,
+                                     const float* qmap2, const NearestCode* map1, const NearestCode* map2, int64_t n,
+                                     int threads) {
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  // The states in the order step_math takes them.
+  QState q[3];
+  int n_states = 1;
+  q[0] = {state1, absmax1, qmap1, map1};
+  if (st.rule == kAdam) {
+    q[1] = {state2, absmax2, qmap2, map2};
+    n_states = 2;
+  } else if (st.rule == kAdemamix) {
+    q[1] = {state1 + n, absmax1 + blocks, qmap1, map1};  // second EMA: its own row of codes and absmax
+    q[2] = {state2, absmax2, qmap2, map2};
+    n_states = 3;
+  }
+
+  visit_dtype(dtype, [&](auto dtag) {
+    constexpr DType D = decltype(dtag)::value;
+    using T = typename Elem<D>::T;
+    const T* gt = static_cast<const T*>(g);
+    T* pt = static_cast<T*>(p);
+    visit_step(st, [&](auto rule, auto wd, auto skip) {
+      constexpr int R = decltype(rule)::value;
+      constexpr bool WD = decltype(wd)::value, SKIP = decltype(skip)::value;
+      parallel_for(blocks, 16, threads, [&](int64_t b0, int64_t b1) {
+        alignas(64) float gbuf[kBlock], pbuf[kBlock], sbuf[3][kBlock];
+        for (int64_t b = b0; b < b1; ++b) {
+          int64_t start = b * kBlock, len = n - start < kBlock ? n - start : kBlock;
+          const float* gc;
+          float* pc;
+          if constexpr (D == DType::f32) {
+            gc = gt + start;
+            pc = pt + start;  // in place: each element reads its p before writing it
+          } else {
+            load_floats<D>(gt + start, gbuf, len);
+            load_floats<D>(pt + start, pbuf, len);
+            gc = gbuf;
+            pc = pbuf;
+          }
+          for (int k = 0; k < n_states; ++k)
+            dequantize_block(q[k].codes + start, len, q[k].qmap, q[k].absmax[b], sbuf[k]);
+          step_math<R, WD, SKIP>(st, 1.0f, gc, pc, sbuf[0], sbuf[1], sbuf[2], len);
+          if constexpr (D != DType::f32) store_floats<D>(pbuf, pt + start, len);
+          for (int k = 0; k < n_states; ++k) {
+            float m = absmax_of(sbuf[k], len);
+            q[k].absmax[b] = m;
+            quantize_block(sbuf[k], len, m, *q[k].map, q[k].codes + start);
+          }
+        }
+      });
+    });
+  });
+}
+
+}  // namespace BNB_ISA_NS
+}  // namespace bnb

@@ -1,0 +1,69 @@
+// Optimizer steps with 32-bit and 8-bit blockwise state (semantics: bitsandbytes/_reference/optimizers.py).
+#pragma once
+
+#include <bitsandbytes/formats.h>
+
+#include "common.h"
+
+namespace bnb {
+
+// The update rule an optimizer name runs (lamb steps like adam, lars like momentum; they only add max_unorm).
+enum OptRule : int { kAdam = 0, kAdemamix = 1, kMomentum = 2, kRmsprop = 3, kAdagrad = 4, kLion = 5 };
+
+// The scalars of one step, each already rounded to float32 the way the reference rounds it: Python
+// arithmetic on the hyperparameters runs in double, and a tensor op casts the result to float32.
+struct OptStep {
+  int rule;
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, beta3, one_minus_beta3, alpha, eps;
+  float gnorm_scale, lr;
+  bool weight_decay;        // weight_decay > 0: coupled for momentum/rmsprop/adagrad, decoupled otherwise
+  float coupled_decay;      // weight_decay (g += weight_decay * p)
+  float decay_factor;       // 1 - lr * weight_decay (p *= decay_factor)
+  float adam_step_size;     // -lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+  float adam_eps;           // eps * sqrt(1 - beta2^t)
+  float correction1;        // ademamix: 1 - beta1^t
+  float correction2;        // ademamix: sqrt(1 - beta2^t)
+  float norm_correction1;   // adam's max_unorm norm: 1 - beta1^t
+  float norm_correction2;   //                        1 - beta2^t
+  bool first_step;          // momentum: m = g on step 1
+  bool skip_zeros;
+};
+
+// The nearest-code search of one 256-entry map: the value-sorted float32 midpoints (exactly as SortedMap
+// in bind_blockwise.cpp computes them) and a table of "keys": a scaled value s in [-1, 1] is keyed by its
+// sign and the bits of |s| above `shift` (exponent and top mantissa bits). Slots (the number of
+// midpoints below s) are monotone in s, so the values of one key reach consecutive slots; `shift` is
+// chosen per map so that a key reaches at most two. Magnitudes below 2^-126 * 2^(floor_bits >> 23) hold
+// no non-zero midpoint and share key 0 (the floor keeps the table small). Built by the binding.
+//
+// An entry holds the key's first slot (bits 0-7), a flag for keys that may need more steps (bit 8) and,
+// in its top `shift` bits, the low `shift` bits of the one midpoint inside the key, all ones flipped for
+// negative keys: every value of a key shares its other bits, so "midpoint < s" is an integer comparison
+// of those bits with s's own (flipped alike). Keys with no midpoint inside, and flagged ones, hold all
+// ones there, which no s exceeds; flagged keys step on through `mids` (at most `width` steps).
+struct NearestCode {
+  static constexpr int kMaxEntries = 16384;
+  float mids[256];              // 255 midpoints, then +inf so a step never passes the last slot
+  int32_t order[256];           // code of each value-sorted slot
+  uint32_t entry[kMaxEntries];  // [keys of s >= +0][keys of s <= -0]
+  int shift;                    // key = (max(|s| bits, floor_bits) - floor_bits) >> shift
+  uint32_t floor_bits;
+  int keys;                     // keys per sign
+  int width;                    // most steps a flagged key may need
+  bool flagged;                 // any key flagged
+  bool identity;                // order[i] == i (sorted maps, such as the dynamic maps)
+};
+
+}  // namespace bnb
+
+#define BNB_OPTIMIZER_DECLS                                                                                      \
+  /* state1: [2, n] for ademamix. unorm_vec: null unless max_unorm > 0; limit: max_unorm * param_norm (+eps). */ \
+  void optimizer_update_32bit(const OptStep& st, DType dtype, const void* g, void* p, float* state1,              \
+                              float* state2, int64_t n, float* unorm_vec, float limit, int threads);             \
+  /* state1 / absmax1: [2, n] / [2, blocks] for ademamix; map1/map2 are the searches of qmap1/qmap2. */          \
+  void optimizer_update_8bit_blockwise(const OptStep& st, DType dtype, const void* g, void* p, uint8_t* state1,  \
+                                       uint8_t* state2, float* absmax1, float* absmax2, const float* qmap1,      \
+                                       const float* qmap2, const NearestCode* map1, const NearestCode* map2,     \
+                                       int64_t n, int threads);
+
+BNB_FOR_EACH_ISA(BNB_OPTIMIZER_DECLS)

@@ -1,0 +1,126 @@
+"""LLM.int8() on the cpu: row/column-wise int8 quantization, the exact int8 GEMM and its dequantization."""
+
+from __future__ import annotations
+
+from math import prod
+
+import torch
+
+from bitsandbytes import _checks
+from bitsandbytes._ops import (
+    check_int8_double_quant,
+    check_int8_linear_matmul,
+    check_int8_mixed_scaled_mm,
+    check_int8_mm_dequant,
+    check_int8_scaled_mm,
+    check_int8_vectorwise_dequant,
+    check_int8_vectorwise_quant,
+)
+
+from .. import _C
+from ._register import cpu_kernel, threads
+
+
+def _rows(A: torch.Tensor) -> int:
+    return prod(A.shape[:-1])
+
+
+def _compare_threshold(A: torch.Tensor, threshold: float) -> float:
+    """The threshold as the reference's ``A.abs() >= threshold`` sees it: rounded to A's dtype."""
+    return torch.tensor(threshold, dtype=A.dtype).item()
+
+
+def _contig(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
+def _vectorwise_quant(A: torch.Tensor, threshold: float):
+    A = A.contiguous()
+    codes = torch.empty(A.shape, dtype=torch.int8)
+    stats = torch.empty(_rows(A), dtype=torch.float32)
+    if threshold > 0.0:
+        buf = torch.empty(A.shape[-1], dtype=torch.int64)
+        n = _C.int8_vectorwise_quant(A, _compare_threshold(A, threshold), codes, stats, buf, threads())
+        return codes, stats, buf[:n].clone()
+    _C.int8_vectorwise_quant(A, 0.0, codes, stats, None, threads())
+    return codes, stats, None
+
+
+def int8_vectorwise_quant(A: torch.Tensor, threshold: float = 0.0):
+    check_int8_vectorwise_quant(A, threshold)
+    return _vectorwise_quant(A, threshold)
+
+
+def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+    check_int8_vectorwise_dequant(A, stats)
+    out = torch.empty(A.shape, dtype=torch.float32)
+    _C.int8_vectorwise_dequant(A.contiguous(), stats.contiguous(), out, threads())
+    return out
+
+
+def int8_linear_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(check_int8_linear_matmul(A, B), dtype=torch.int32)
+    _C.int8_linear_matmul(A.contiguous(), B.contiguous(), out, threads())
+    return out
+
+
+def int8_linear_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
+    _checks.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device)
+    _C.int8_linear_matmul(A.contiguous(), B.contiguous(), out, threads())
+
+
+def int8_mm_dequant(A, row_stats, col_stats, dtype=None, bias=None) -> torch.Tensor:
+    out_dtype = check_int8_mm_dequant(A, row_stats, col_stats, dtype, bias)
+    out = torch.empty(A.shape, dtype=out_dtype)
+    _C.int8_mm_dequant(A.contiguous(), row_stats.contiguous(), col_stats.contiguous(), _contig(bias), out, threads())
+    return out
+
+
+def _scaled_mm(A, B, row_stats, col_stats, bias, shape, out_dtype) -> torch.Tensor:
+    out = torch.empty(shape, dtype=out_dtype)
+    _C.int8_scaled_mm(
+        A.contiguous(), B.contiguous(), row_stats.contiguous(), col_stats.contiguous(), _contig(bias), out, threads()
+    )
+    return out
+
+
+def int8_scaled_mm(A, B, row_stats, col_stats, bias=None, dtype=None) -> torch.Tensor:
+    shape, out_dtype = check_int8_scaled_mm(A, B, row_stats, col_stats, bias, dtype)
+    return _scaled_mm(A, B, row_stats, col_stats, bias, shape, out_dtype)
+
+
+def int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None):
+    shape = check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)
+    cols = outlier_cols if outlier_cols is not None else torch.zeros(0, dtype=torch.int64)
+    subA = A[..., cols]
+    if cols.numel() == 0:
+        # No outliers: the fused kernel rounds the fp32 result to A's dtype once, as the reference does.
+        return _scaled_mm(CA, CB, SCA, SCB, bias, shape, A.dtype), subA
+    # int8 part (dequantized, bias added) in fp32, plus the outlier columns' fp32 product, rounded once.
+    out = _scaled_mm(CA, CB, SCA, SCB, bias, shape, torch.float32)
+    subB = int8_vectorwise_dequant(CB[:, cols], SCB)
+    out.view(-1, shape[-1]).addmm_(subA.reshape(-1, cols.numel()).float(), subB.T)
+    return out.to(A.dtype), subA
+
+
+def int8_double_quant(A: torch.Tensor, threshold: float = 0.0):
+    check_int8_double_quant(A, threshold)
+    A = A.contiguous()
+    row_codes, row_stats, outlier_cols = _vectorwise_quant(A, threshold)
+    col_codes = torch.empty(A.shape, dtype=torch.int8)
+    col_stats = torch.empty(A.shape[-1], dtype=torch.float32)
+    outliers = threshold > 0.0
+    thr = _compare_threshold(A, threshold) if outliers else 0.0
+    _C.int8_colwise_quant(A, outliers, thr, col_codes, col_stats, threads())
+    return row_codes, col_codes, row_stats, col_stats, outlier_cols
+
+
+def register() -> None:
+    cpu_kernel("int8_vectorwise_quant", int8_vectorwise_quant)
+    cpu_kernel("int8_vectorwise_dequant", int8_vectorwise_dequant)
+    cpu_kernel("int8_linear_matmul", int8_linear_matmul)
+    cpu_kernel("int8_linear_matmul.out", int8_linear_matmul_out)
+    cpu_kernel("int8_mm_dequant", int8_mm_dequant)
+    cpu_kernel("int8_scaled_mm", int8_scaled_mm)
+    cpu_kernel("int8_mixed_scaled_mm", int8_mixed_scaled_mm)
+    cpu_kernel("int8_double_quant", int8_double_quant)

@@ -1,0 +1,131 @@
+"""gemv_4bit / gemm_4bit on the cpu, on the standard packed 4-bit layout (no repacking).
+
+Few rows of A: a fused kernel decodes each weight once (16-entry table scaled per block, looked up 16 or
+32 codes at a time) and multiplies it into every row with fp32 accumulation (AVX512-BF16 dot products
+for bf16 A where the CPU has them). Many rows: the weight is dequantized one slab of output features at
+a time (bf16 for bf16 A, else fp32) and multiplied by torch's GEMM (oneDNN / MKL); each slab is still in
+cache when the GEMM reads it. The crossover is a row count measured per dtype (FUSED_MAX_ROWS).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from bitsandbytes import _checks, _formats
+from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
+
+from .. import _C
+from ._register import cpu_kernel, threads
+
+# Rows of A up to which the fused kernel is used; above it, dequantize + torch GEMM. Measured on
+# AVX-512 (+BF16): the fused kernel's cost grows linearly in rows, torch's GEMM stays nearly flat, and
+# they cross between 8 and 16 rows for bf16, around 16 for fp32 and fp16.
+FUSED_MAX_ROWS = {torch.bfloat16: 8, torch.float32: 16, torch.float16: 16}
+# dtype the GEMM path dequantizes to and multiplies in. fp16: torch's CPU fp16 GEMM is several times
+# slower than fp32, and the fp32 weight is allowed (module docstring of the conformance test).
+GEMM_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
+# Bytes of dequantized weight per slab on the GEMM path: small enough to still be in cache when the GEMM
+# reads it, large enough that the per-slab Python overhead stays negligible (measured: 2-4 MiB best).
+SLAB_BYTES = 4 << 20
+
+_TABLES: dict[str, torch.Tensor] = {}
+# One slab buffer per Python thread (kernels release the GIL, so threads must not share it), kept between
+# calls: a fresh multi-MiB allocation is fresh pages from the OS, and their first-touch faults cost
+# about as much as dequantizing into them.
+_LOCAL = threading.local()
+
+
+def _slab_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    buf = getattr(_LOCAL, "slab", None)
+    nbytes = numel * torch.finfo(dtype).bits // 8
+    if buf is None or buf.numel() < nbytes:
+        buf = _LOCAL.slab = torch.empty(max(nbytes, SLAB_BYTES), dtype=torch.uint8)
+    return buf[:nbytes].view(dtype)
+
+
+def _table(quant_type: str) -> torch.Tensor:
+    t = _TABLES.get(quant_type)
+    if t is None:
+        t = _TABLES[quant_type] = _formats.code_table(quant_type, "cpu").float().contiguous()
+    return t
+
+
+def _bytes(B: torch.Tensor) -> torch.Tensor:
+    """The packed codes as a flat uint8 tensor, whatever quant_storage holds them (no copy if contiguous)."""
+    return B.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
+    """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation."""
+    M = A.numel() // K if K else out.numel() // max(N, 1)
+    if M == 0 or N == 0:
+        return
+    if K == 0:
+        out.copy_(bias.expand_as(out) if bias is not None else torch.zeros_like(out))
+        return
+    A = A.contiguous()
+    Bb = _bytes(B)
+    absmax = absmax.contiguous()
+    bias = bias.contiguous() if bias is not None else None
+    if M <= FUSED_MAX_ROWS.get(A.dtype, 8):
+        _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads())
+        return
+    gdt = GEMM_DTYPE[A.dtype]
+    A2 = A.reshape(M, K).to(gdt)
+    bias2 = None if bias is None else bias.to(gdt)
+    out2 = out.view(M, N)
+    slab = min(N, max(64, SLAB_BYTES // (K * torch.finfo(gdt).bits // 8)))
+    W = _slab_buffer(slab * K, gdt).view(slab, K)
+    for n0 in range(0, N, slab):
+        n1 = min(N, n0 + slab)
+        Wt = W[: n1 - n0]
+        _C.dequantize_4bit_range(Bb, absmax, code, blocksize, n0 * K, n1 * K, Wt, threads())
+        out2[:, n0:n1] = torch.nn.functional.linear(A2, Wt, None if bias2 is None else bias2[n0:n1])
+
+
+def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
+    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
+    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype)
+    _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
+    return out
+
+
+def gemv_4bit_out(A, B, shapeB, absmax, code, blocksize, out) -> None:
+    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
+    _checks.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
+    _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
+
+
+def _effective_absmax(absmax, absmax_8bit, absmax_code, absmax_offset) -> torch.Tensor:
+    """Double-quantized block scales back to fp32, exactly as the reference computes them."""
+    if absmax_8bit is None:
+        return absmax
+    out = torch.empty(absmax_8bit.numel(), dtype=torch.float32)
+    if out.numel():
+        _C.expand_nested_absmax(
+            absmax_8bit.contiguous().reshape(-1),
+            absmax.contiguous(),
+            absmax_code.contiguous(),
+            absmax_offset.contiguous(),
+            out,
+            threads(),
+        )
+    return out
+
+
+def gemm_4bit(
+    A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None, absmax_offset=None
+) -> torch.Tensor:
+    N, K = check_gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
+    scales = _effective_absmax(absmax, absmax_8bit, absmax_code, absmax_offset)
+    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype)
+    _matmul_into(A, B, N, K, scales, _table(quant_type), blocksize, bias, out)
+    return out
+
+
+def register() -> None:
+    cpu_kernel("gemv_4bit", gemv_4bit)
+    cpu_kernel("gemv_4bit.out", gemv_4bit_out)
+    cpu_kernel("gemm_4bit", gemm_4bit)

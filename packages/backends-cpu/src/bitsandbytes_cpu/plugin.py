@@ -1,0 +1,42 @@
+"""The ``Backend`` object the core finds through the ``bitsandbytes.backends`` entry point.
+
+Importing it registers nothing; ``backend.load()`` imports the extension, applies ``BNB_CPU_ISA``
+and registers the kernels for the ``cpu`` device. It lives apart from the package's ``__init__`` so
+that ``import bitsandbytes_cpu`` never imports bitsandbytes (whose import loads this plugin).
+"""
+
+from __future__ import annotations
+
+import os
+
+from bitsandbytes.backends import Backend
+
+__all__ = ["backend"]
+
+
+def _load() -> None:
+    from . import _C
+
+    isa = os.environ.get("BNB_CPU_ISA", "").strip().lower()
+    if isa and isa != "native":
+        _C.set_isa(isa)
+    from . import ops
+
+    ops.register_all()
+
+
+def _diagnostics() -> dict:
+    import torch
+
+    from . import _C, ops
+
+    return {
+        "isa": _C.isa(),
+        "best isa": _C.best_isa(),
+        "supported isas": ", ".join(_C.supported_isas()),
+        "threads (torch.get_num_threads)": torch.get_num_threads(),
+        "native ops": len(ops.REGISTERED),
+    }
+
+
+backend = Backend("cpu", ["cpu"], api_version="1.0", load=_load, diagnostics=_diagnostics)

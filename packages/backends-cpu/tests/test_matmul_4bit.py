@@ -1,0 +1,232 @@
+"""Native gemv_4bit / gemm_4bit: every path (fused fp32 FMA, AVX512-BF16 dot, generic odd layout, slab
+dequantize + torch GEMM) at every ISA level, against the reference within the conformance tolerance."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import bitsandbytes
+from bitsandbytes import _formats
+from bitsandbytes._reference import REFERENCE
+from bitsandbytes.testing.cases import randn
+from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes_cpu import _C
+from bitsandbytes_cpu.ops import matmul_4bit as mm
+
+ISAS = _C.supported_isas()
+
+
+@contextlib.contextmanager
+def isa(name: str):
+    old = _C.isa()
+    _C.set_isa(name)
+    try:
+        yield
+    finally:
+        _C.set_isa(old)
+
+
+@contextlib.contextmanager
+def num_threads(n: int):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def quantized(N, K, blocksize, quant_type="nf4", storage=torch.uint8, seed=0):
+    W = randn((N, K), torch.float32, seed, spread=False)
+    q, absmax = REFERENCE["quantize_4bit"](W, blocksize, quant_type, storage)
+    table = _formats.code_table(quant_type, "cpu")
+    W32 = REFERENCE["dequantize_4bit"](q, absmax, blocksize, quant_type, [N, K], torch.float32)
+    return q, absmax, table, W32
+
+
+def check_close(out, ref, A, W32, what):
+    assert out.dtype == ref.dtype and out.shape == ref.shape, what
+    diff = (out.double() - ref.double()).abs()
+    tol = matmul_tolerance(A.reshape(-1, A.shape[-1]), W32, ref.reshape(-1, ref.shape[-1])).reshape(ref.shape)
+    bad = ~(diff <= tol)
+    assert not bad.any(), f"{what}: {int(bad.sum())} elements out of tolerance, max diff {diff.max().item()}"
+
+
+# (M rows of A, N, K, blocksize): fast layouts, K not a multiple of the chunk, odd K (rows starting
+# mid-byte), blocks straddling rows, blocksize > K, and row counts on both sides of the crossover.
+SHAPES = [
+    (1, 64, 256, 64),
+    (3, 33, 4096, 4096),
+    (1, 7, 96, 32),
+    (5, 17, 100, 64),
+    (2, 9, 129, 32),
+    (1, 11, 3, 64),
+    (6, 40, 192, 128),
+    (20, 70, 160, 64),
+    (33, 45, 77, 32),
+]
+
+
+@pytest.mark.parametrize("level", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("M", "N", "K", "blocksize"), SHAPES, ids=str)
+def test_gemv_matches_reference(level, dtype, M, N, K, blocksize):
+    q, absmax, table, W32 = quantized(N, K, blocksize, seed=M * 1000 + K)
+    A = randn((M, K), dtype, seed=N, spread=False)
+    ref = REFERENCE["gemv_4bit"](A, q, [N, K], absmax, table, blocksize)
+    with isa(level):
+        out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize)
+    check_close(out, ref, A, W32, f"gemv {level}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("M", [1, 4, 24])
+def test_gemm_bias_nested_storage(dtype, M):
+    N, K, blocksize = 300, 320, 64
+    W = randn((N, K), torch.float32, 7, spread=False)
+    q, absmax = REFERENCE["quantize_4bit"](W, blocksize, "fp4", torch.bfloat16)
+    dyn = bitsandbytes.functional.create_dynamic_map(signed=True).float()
+    offset = absmax.mean()
+    absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
+    A = randn((2, M, K), dtype, 8, spread=False)
+    bias = randn((N,), dtype, 9, spread=False)
+    kw = {"bias": bias, "absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset.reshape(1)}
+    ref = REFERENCE["gemm_4bit"](A, q, [N, K], absmax2, blocksize, "fp4", **kw)
+    out = torch.ops.bitsandbytes.gemm_4bit(A, q, [N, K], absmax2, blocksize, "fp4", **kw)
+    effective = _C_expand(absmax_8bit, absmax2, dyn, offset.reshape(1))
+    nested = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+    assert torch.equal(effective, nested), "double-quantized absmax bit-exact"
+    W32 = REFERENCE["dequantize_4bit"](q, nested, blocksize, "fp4", [N, K], torch.float32)
+    diff = (out.double() - ref.double()).abs()
+    tol = (
+        matmul_tolerance(A.reshape(-1, K), W32, ref.reshape(-1, N)).reshape(ref.shape)
+        + 2 * torch.finfo(dtype).eps * bias.double().abs()
+    )
+    assert (diff <= tol).all()
+
+
+def _C_expand(q, absmax2, code, offset):
+    out = torch.empty(q.numel(), dtype=torch.float32)
+    _C.expand_nested_absmax(q, absmax2, code, offset, out, 1)
+    return out
+
+
+@pytest.mark.parametrize("M", [1, 3, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_thread_count_does_not_change_results(dtype, M):
+    q, absmax, table, _ = quantized(257, 512, 64)
+    A = randn((M, 512), dtype, 3, spread=False)
+    outs = []
+    for n in (1, 2, 3):
+        with num_threads(n):
+            outs.append(torch.ops.bitsandbytes.gemv_4bit(A, q, [257, 512], absmax, table, 64))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_bf16_dot_and_fp32_paths_agree_within_tolerance():
+    q, absmax, table, W32 = quantized(64, 1024, 64)
+    A = randn((3, 1024), torch.bfloat16, 4, spread=False)
+    ref = REFERENCE["gemv_4bit"](A, q, [64, 1024], absmax, table, 64)
+    with isa(_C.best_isa()):
+        have = _C.gemv_4bit_bf16_dot()
+        try:
+            for mode in (0, 1):
+                _C.gemv_4bit_bf16_dot(mode)
+                check_close(torch.ops.bitsandbytes.gemv_4bit(A, q, [64, 1024], absmax, table, 64), ref, A, W32, "bf16")
+        finally:
+            _C.gemv_4bit_bf16_dot(1)
+    assert _C.gemv_4bit_bf16_dot() == have
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_dequantize_range_identical_across_isas(dtype):
+    N, K, bs = 19, 333, 32
+    W = randn((N, K), torch.float32, 5)
+    W[3, :40] = float("nan")
+    q, absmax = REFERENCE["quantize_4bit"](W, bs, "nf4", torch.uint8)
+    table = _formats.code_table("nf4", "cpu")
+    ref = REFERENCE["dequantize_4bit"](q, absmax, bs, "nf4", [N, K], dtype).reshape(-1)
+    for i0, i1 in [(0, N * K), (1, N * K - 1), (64, 2000), (5, 5)]:
+        outs = []
+        for level in ISAS:
+            with isa(level):
+                out = torch.empty(i1 - i0, dtype=dtype)
+                _C.dequantize_4bit_range(q.view(-1), absmax, table, bs, i0, i1, out, 2)
+                outs.append(out)
+        r = ref[i0:i1]
+        for out in outs:
+            assert torch.equal(out.isnan(), r.isnan())
+            assert torch.equal(out[~r.isnan()], r[~r.isnan()])
+            assert torch.equal(out.view(torch.uint8), outs[0].view(torch.uint8))
+
+
+def test_empty_and_degenerate():
+    q, absmax, table, _ = quantized(5, 8, 32)
+    for shape in [(0, 8), (2, 0, 8)]:
+        out = torch.ops.bitsandbytes.gemv_4bit(torch.zeros(shape), q, [5, 8], absmax, table, 32)
+        assert out.shape == (*shape[:-1], 5)
+    # K == 0: the product is the bias (or zero).
+    e = torch.empty(0, dtype=torch.uint8)
+    a0 = torch.empty(0)
+    out = torch.ops.bitsandbytes.gemm_4bit(torch.zeros(3, 0), e, [4, 0], a0, 64, "nf4", bias=torch.ones(4))
+    assert torch.equal(out, torch.ones(3, 4))
+    out = torch.ops.bitsandbytes.gemv_4bit(torch.zeros(2, 0), e, [4, 0], a0, table, 64)
+    assert torch.equal(out, torch.zeros(2, 4))
+
+
+def test_gemv_out_and_batch_shape():
+    q, absmax, table, _ = quantized(12, 64, 64)
+    A = randn((2, 1, 64), torch.bfloat16, 1, spread=False)
+    out = torch.full((2, 1, 12), float("nan"), dtype=torch.bfloat16)
+    torch.ops.bitsandbytes.gemv_4bit.out(A, q, [12, 64], absmax, table, 64, out=out)
+    assert torch.equal(out, torch.ops.bitsandbytes.gemv_4bit(A, q, [12, 64], absmax, table, 64))
+
+
+def test_custom_table():
+    # gemv_4bit takes any 16-entry table, not only nf4 / fp4.
+    q, absmax, _, _ = quantized(9, 64, 32)
+    table = torch.linspace(-3, 5, 16)
+    A = randn((1, 64), torch.float32, 2, spread=False)
+    ref = REFERENCE["gemv_4bit"](A, q, [9, 64], absmax, table, 32)
+    W32 = REFERENCE["gemv_4bit"](torch.eye(64), q, [9, 64], absmax, table, 32).T
+    check_close(torch.ops.bitsandbytes.gemv_4bit(A, q, [9, 64], absmax, table, 32), ref, A, W32, "custom table")
+
+
+def test_cxx_rechecks_sizes():
+    q, absmax, table, _ = quantized(8, 64, 64)
+    qb = q.view(-1)
+    A = torch.zeros(1, 64)
+    out = torch.empty(1, 8)
+    _C.gemv_4bit(A, qb, 1, 8, 64, absmax, table, 64, None, out, 1)
+    with pytest.raises(ValueError, match="B holds"):
+        _C.gemv_4bit(A, qb[:-1], 1, 8, 64, absmax, table, 64, None, out, 1)
+    with pytest.raises(ValueError, match="absmax"):
+        _C.gemv_4bit(A, qb, 1, 8, 64, absmax[:-1], table, 64, None, out, 1)
+    with pytest.raises(ValueError, match="A must have"):
+        _C.gemv_4bit(A, qb, 2, 8, 64, absmax, table, 64, None, torch.empty(2, 8), 1)
+    with pytest.raises(ValueError, match="out"):
+        _C.gemv_4bit(A, qb, 1, 8, 64, absmax, table, 64, None, torch.empty(1, 7), 1)
+    with pytest.raises(ValueError, match="bias"):
+        _C.gemv_4bit(A, qb, 1, 8, 64, absmax, table, 64, torch.zeros(7), out, 1)
+    with pytest.raises(ValueError, match="code"):
+        _C.gemv_4bit(A, qb, 1, 8, 64, absmax, table[:15], 64, None, out, 1)
+    with pytest.raises(ValueError, match="dtype mismatch"):
+        _C.gemv_4bit(A, qb, 1, 8, 64, absmax, table, 64, None, out.bfloat16(), 1)
+    with pytest.raises(ValueError, match="blocksize"):
+        _C.gemv_4bit(A, qb, 1, 8, 64, absmax, table, 48, None, out, 1)
+    with pytest.raises(ValueError, match="B holds"):
+        _C.dequantize_4bit_range(qb, absmax, table, 64, 0, 513, torch.empty(513), 1)
+    with pytest.raises(ValueError, match="absmax"):
+        _C.dequantize_4bit_range(qb, absmax[:1], table, 64, 0, 512, torch.empty(512), 1)
+    with pytest.raises(ValueError, match="absmax"):
+        _C.expand_nested_absmax(
+            torch.zeros(300, dtype=torch.uint8), torch.ones(1), table.repeat(16), torch.zeros(1), torch.empty(300), 1
+        )
+
+
+def test_crossover_constants_cover_every_dtype():
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        assert mm.FUSED_MAX_ROWS[dt] >= 1 and dt in mm.GEMM_DTYPE
