@@ -58,6 +58,7 @@ def lint(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job: quantize a small MLP to NF4 and 8-bit and report bytes, error and time."""
     install(session, "torch", "-e", CORE)
+    install(session, "./packages/backends-cpu")
     session.run("python", "examples/demo.py", *session.posargs)
 
 

@@ -15,6 +15,7 @@ import torch
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
+from bitsandbytes.backends import coverage
 
 
 def build_mlp(hidden: int, layers: int, seed: int) -> torch.nn.Sequential:
@@ -48,6 +49,9 @@ def main() -> None:
     linears = [m for m in model if isinstance(m, torch.nn.Linear)]
     dense = [m.weight.detach().clone() for m in linears]
     print(f"bitsandbytes {bnb.__version__} on {device}: MLP with {len(linears)} linear layers, hidden {args.hidden}")
+    matrix = coverage()
+    used = ("quantize_4bit", "dequantize_4bit", "quantize_blockwise", "dequantize_blockwise")
+    print("kernels: " + ", ".join(f"{op} {matrix[op].get(device.type, 'reference')}" for op in used))
     header = ("format", "weight bytes", "ratio", "max |dW|", "rel. RMS dW", "quant s", "deq s")
     print("{:<22}{:>14}{:>8}{:>11}{:>13}{:>9}{:>8}".format(*header))
 
