@@ -199,3 +199,19 @@ def test_concurrent_calls_from_python_threads():
         assert torch.equal(q, want_q)
         assert_same(absmax, want_absmax)
         assert_same(deq, ref.dequantize_4bit(want_q, want_absmax, 64, "nf4", deq.shape, torch.bfloat16))
+
+
+def test_large_dequantize_streams_the_same_bytes():
+    # Outputs of 16 MiB and more are written with streaming stores when 64-byte aligned (plain stores
+    # otherwise): both must give the reference's bytes, for any thread count.
+    n = (8 << 20) + 64
+    g = torch.Generator().manual_seed(11)
+    packed = torch.randint(0, 256, ((n + 1) // 2,), generator=g, dtype=torch.uint8)
+    absmax = torch.rand(n // 64, generator=g) * 4
+    want = ref.dequantize_4bit(packed, absmax, 64, "nf4", (n,), torch.bfloat16)
+    buf = torch.empty(n + 1, dtype=torch.bfloat16)
+    for out in (buf[:-1], buf[1:]):
+        for threads in (1, 2):
+            out.fill_(0)
+            _C.dequantize_4bit(packed, absmax, "nf4", 64, out, threads)
+            assert torch.equal(out.view(torch.int16), want.view(torch.int16))

@@ -130,6 +130,55 @@ inline float block_absmax(const typename Elem<D>::T* x, int64_t len) {
   return m > M::inf ? NAN : M::to_float(typename M::U(m));
 }
 
+#if defined(BNB_ISA_AVX512)
+// absmax and the full-block factor 1 / clamped absmax of 16 consecutive blocks at once, for small
+// blocks of whole 64-byte vectors: one horizontal max per block costs more than the block's own
+// maxima, so the 16 per-block vectors are reduced together by a transpose tree. Same integer maxima
+// and the same float division as block_absmax + BlockScaler, so the same bits.
+template <DType D>
+inline void absmax16(const typename Elem<D>::T* x, int64_t blocksize, float* absmax, float* fac) {
+  using M = Magnitude<D>;
+  constexpr int64_t kVec = 64 / int64_t(sizeof(typename Elem<D>::T));
+  const __m512i mask = D == DType::f32 ? _mm512_set1_epi32(int(0x7fffffff)) : _mm512_set1_epi16(0x7fff);
+  __m512i r[16];
+  for (int b = 0; b < 16; ++b) {
+    const typename Elem<D>::T* p = x + b * blocksize;
+    __m512i m = _mm512_and_si512(_mm512_loadu_si512(p), mask);
+    for (int64_t i = kVec; i < blocksize; i += kVec) {
+      __m512i u = _mm512_and_si512(_mm512_loadu_si512(p + i), mask);
+      m = D == DType::f32 ? _mm512_max_epu32(m, u) : _mm512_max_epu16(m, u);
+    }
+    if (D != DType::f32)  // the two halves of each dword
+      m = _mm512_max_epu32(_mm512_and_si512(m, _mm512_set1_epi32(0xffff)), _mm512_srli_epi32(m, 16));
+    r[b] = m;
+  }
+  // Transpose tree: after it, element i holds the max of r[i].
+  __m512i t[8], u[4], w[2];
+  for (int p = 0; p < 8; ++p)
+    t[p] = _mm512_max_epu32(_mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]), _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]));
+  for (int p = 0; p < 4; ++p)
+    u[p] = _mm512_max_epu32(_mm512_unpacklo_epi64(t[2 * p], t[2 * p + 1]), _mm512_unpackhi_epi64(t[2 * p], t[2 * p + 1]));
+  for (int p = 0; p < 2; ++p)
+    w[p] = _mm512_max_epu32(_mm512_shuffle_i32x4(u[2 * p], u[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(u[2 * p], u[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  __m512i z = _mm512_max_epu32(_mm512_shuffle_i32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_i32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  __m512 m;
+  if constexpr (D == DType::f32)
+    m = _mm512_castsi512_ps(z);
+  else if constexpr (D == DType::f16)
+    m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(z));
+  else
+    m = _mm512_castsi512_ps(_mm512_slli_epi32(z, 16));
+  // Any NaN block -> the same NaN block_absmax returns.
+  m = _mm512_mask_mov_ps(m, _mm512_cmpgt_epu32_mask(z, _mm512_set1_epi32(int(M::inf))), _mm512_set1_ps(NAN));
+  _mm512_storeu_ps(absmax, m);
+  __m512 clamped = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, _mm512_set1_ps(BNB_MIN_SCALE), _CMP_LT_OQ),
+                                      _mm512_set1_ps(BNB_MIN_SCALE));
+  _mm512_storeu_ps(fac, _mm512_div_ps(_mm512_set1_ps(1.0f), clamped));
+}
+#endif
+
 // Maps a value into [-1, 1] the way the reference does: a full block multiplies by the reciprocal of
 // its clamped absmax, the short last block divides by it (upstream does both; they can differ in the
 // last bit). NaN stays NaN.
@@ -190,7 +239,12 @@ void scale_blocks(const typename Elem<D>::T* A, int64_t n, int64_t blocksize, fl
   float fac[kGroupValues / 32];
   for (int64_t b = b0; b < b1; b += group) {
     int64_t e = b + group < b1 ? b + group : b1, ef = e < full_blocks ? e : full_blocks;
-    for (int64_t k = b; k < ef; ++k) {
+    int64_t k = b;
+#if defined(BNB_ISA_AVX512)
+    if (blocksize * int64_t(sizeof(typename Elem<D>::T)) % 64 == 0 && blocksize <= 512)
+      for (; k + 16 <= ef; k += 16) absmax16<D>(A + k * blocksize, blocksize, absmax + k, fac + (k - b));
+#endif
+    for (; k < ef; ++k) {
       float m = block_absmax<D>(A + k * blocksize, blocksize);
       absmax[k] = m;
       fac[k - b] = BlockScaler(m, true).inv;

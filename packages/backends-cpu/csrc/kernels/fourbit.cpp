@@ -38,10 +38,52 @@ inline float step_mid(const float* mids, int i, int h) { return mids[i + h - 1 <
 
 #if defined(BNB_ISA_AVX512)
 // 16 lanes: each step looks its midpoint up with one vpermps (it reads only the low 4 index bits).
+//
+// Where no two midpoints lie close together (NF4), a faster route replaces the search: the scaled
+// value s in [-1, 1] falls in one of 32 equal buckets, b = trunc(s * K + K), and each bucket (widened
+// by far more than the rounding error of that product) holds at most one midpoint. So the slot is
+// lo[b] + (s > mid[b]): one lookup pair and one compare instead of four dependent steps. The answer
+// is still the exact count of midpoints below s whatever b's rounding, hence bit-identical to the
+// search. It needs |s| <= 1 + a few ulps (true when the block's factor is finite and nonzero: every
+// |x| <= absmax) and no NaN (a NaN in a block makes its absmax and so its factor NaN); blocks that
+// fail take the search.
+struct Buckets4 {
+  static constexpr float K = 15.99f;  // (1 + 2 ulp) * K + K < 32, so b <= 31 even past 1
+  bool usable = true;
+  alignas(64) float mid[32];
+  alignas(64) int32_t lo[32];
+  explicit Buckets4(const float* mids) {
+    const double eps = 1e-5;  // >> the error of one float FMA near 32, scaled back by 1 / K
+    for (int b = 0; b < 32; ++b) {
+      double l = b / double(K) - 1 - eps, h = (b + 1) / double(K) - 1 + eps;
+      int below = 0, inside = 0, at = 0;
+      for (int i = 0; i < 15; ++i) {
+        if (double(mids[i]) < l) ++below;
+        else if (double(mids[i]) <= h) ++inside, at = i;
+      }
+      if (inside > 1) usable = false;
+      // No midpoint inside: the slot is `below` for every s here; phrase it as lo + (s > mid) with
+      // a midpoint every such s exceeds (or, below all midpoints, one that none does).
+      if (inside == 1) lo[b] = at, mid[b] = mids[at];
+      else if (below > 0) lo[b] = below - 1, mid[b] = mids[below - 1];
+      else lo[b] = 0, mid[b] = mids[0];
+    }
+  }
+};
+
 struct Quant4 {
   __m512 m7, t4, t2, t1;
   __m256i order;
+  bool bucketed;
+  __m512 bmid[2];
+  __m512i blo[2];
   explicit Quant4(const Format4& f) {
+    const Buckets4 bk(f.mids);
+    bucketed = bk.usable;
+    for (int i = 0; i < 2; ++i) {
+      bmid[i] = _mm512_load_ps(bk.mid + 16 * i);
+      blo[i] = _mm512_load_si512(bk.lo + 16 * i);
+    }
     alignas(64) float t[3][16];
     for (int i = 0; i < 16; ++i) {
       t[0][i] = step_mid(f.mids, i, 4);
@@ -64,6 +106,18 @@ struct Quant4 {
       for (int v = 0; v < N; ++v)
         lo[v] = _mm512_mask_add_epi32(lo[v], _mm512_cmp_ps_mask(s[v], _mm512_permutexvar_ps(lo[v], t[k]), _CMP_NLE_UQ),
                                       lo[v], _mm512_set1_epi32(4 >> k));
+  }
+  // The bucket route for N vectors (see Buckets4); only for vectors whose factors are finite and nonzero.
+  template <int N>
+  void slots_bucketed(const __m512* s, __m512i* j) const {
+    const __m512 k = _mm512_set1_ps(Buckets4::K);
+    const __m512i one = _mm512_set1_epi32(1);
+    for (int v = 0; v < N; ++v) {
+      __m512i b = _mm512_cvttps_epi32(_mm512_fmadd_ps(s[v], k, k));
+      __m512 m = _mm512_permutex2var_ps(bmid[0], b, bmid[1]);
+      j[v] = _mm512_permutex2var_epi32(blo[0], b, blo[1]);
+      j[v] = _mm512_mask_add_epi32(j[v], _mm512_cmp_ps_mask(s[v], m, _CMP_NLE_UQ), j[v], one);
+    }
   }
   // Codes of 32 values (two slot vectors) -> 16 packed bytes: slots to bytes, slot -> code with one
   // vpshufb, 16 * first + second with one vpmaddubsw, and the words narrowed to bytes.
@@ -94,7 +148,15 @@ inline void quantize_vectors(const typename Elem<D>::T* x, int64_t i, const floa
     v[k] = load16<D>(x + i + 16 * k);
     v[k] = Full ? _mm512_mul_ps(v[k], f) : _mm512_div_ps(v[k], f);
   }
-  q.slots<N>(v, j);
+  bool finite = q.bucketed;
+  for (int k = 0; k < N; ++k) {
+    float f = fac[(i + 16 * k) >> shift];
+    finite &= (f - f == 0.0f) & (f != 0.0f);
+  }
+  if (finite)
+    q.slots_bucketed<N>(v, j);
+  else
+    q.slots<N>(v, j);
   if constexpr (N % 4 == 0) {
     for (int k = 0; k < N; k += 4)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + (i + 16 * k) / 2), q.pack64(j + k));
@@ -213,7 +275,9 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const Format4& f, 
 // Dequantizes one block of len values (starting on a byte boundary) from its table of 16 scaled
 // values st (table[code] * absmax, rounded to the output type: the same float32 product the
 // reference computes, so the bits are identical).
-template <DType D>
+// Stream: o + i is 64-byte aligned at every multiple i of 32 (the caller checked), and the stores
+// bypass the cache (see dequantize_4bit).
+template <DType D, bool Stream>
 void dequantize_block(const uint8_t* in, int64_t len, const float* table, float scale, typename Elem<D>::T* o) {
   using T = typename Elem<D>::T;
   alignas(64) T st[16];
@@ -227,8 +291,15 @@ void dequantize_block(const uint8_t* in, int64_t len, const float* table, float 
       __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i / 2)));
       // Bytes hi0 lo0 hi1 lo1 ...: one code per byte, in output order.
       __m256i nib = _mm256_or_si256(_mm256_srli_epi16(w, 4), _mm256_slli_epi16(_mm256_and_si256(w, c15), 8));
-      _mm512_storeu_ps(o + i, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(nib)), stf));
-      _mm512_storeu_ps(o + i + 16, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(nib, 1)), stf));
+      __m512 lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(nib)), stf);
+      __m512 hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(nib, 1)), stf);
+      if constexpr (Stream) {
+        _mm512_stream_ps(o + i, lo);
+        _mm512_stream_ps(o + i + 16, hi);
+      } else {
+        _mm512_storeu_ps(o + i, lo);
+        _mm512_storeu_ps(o + i + 16, hi);
+      }
     }
   } else {
     // 32 x 16-bit table (the 16 entries twice: vpermw reads 5 index bits).
@@ -238,7 +309,11 @@ void dequantize_block(const uint8_t* in, int64_t len, const float* table, float 
       __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i / 2)));
       // Each dword: high nibble in its low word, low nibble in its high word (output order).
       __m512i idx = _mm512_or_si512(_mm512_srli_epi32(d, 4), _mm512_slli_epi32(_mm512_and_si512(d, c15), 16));
-      _mm512_storeu_si512(o + i, _mm512_permutexvar_epi16(idx, st16));
+      __m512i r = _mm512_permutexvar_epi16(idx, st16);
+      if constexpr (Stream)
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(o + i), r);
+      else
+        _mm512_storeu_si512(o + i, r);
     }
   }
 #elif defined(BNB_ISA_AVX2)
@@ -292,6 +367,10 @@ void dequantize_block(const uint8_t* in, int64_t len, const float* table, float 
   if (i < len) o[i] = st[in[i / 2] >> 4];
 }
 
+// Outputs from this size on are written with streaming stores (the last-level cache is a few MiB per
+// core on the machines this targets).
+constexpr int64_t kStreamBytes = int64_t(16) << 20;
+
 }  // namespace
 
 void quantize_4bit(const void* A, DType dtype, int64_t n, QuantType qt, int64_t blocksize, uint8_t* out,
@@ -316,12 +395,29 @@ void dequantize_4bit(const uint8_t* A, const float* absmax, QuantType qt, int64_
   visit_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* y = static_cast<typename Elem<D>::T*>(out);
-    parallel_for(blocks, (1 << 16) / blocksize + 1, threads, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        int64_t start = b * blocksize, len = n - start < blocksize ? n - start : blocksize;
-        dequantize_block<D>(A + start / 2, len, table, absmax[b], y + start);
-      }
-    });
+    auto run = [&](auto stream) {
+      parallel_for(blocks, (1 << 16) / blocksize + 1, threads, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          int64_t start = b * blocksize, len = n - start < blocksize ? n - start : blocksize;
+          dequantize_block<D, decltype(stream)::value>(A + start / 2, len, table, absmax[b], y + start);
+        }
+#if defined(BNB_ISA_AVX512)
+        if (decltype(stream)::value) _mm_sfence();  // streamed stores are weakly ordered
+#endif
+      });
+    };
+#if defined(BNB_ISA_AVX512)
+    // An output much larger than the caches would only evict everything else on its way to DRAM,
+    // and ordinary stores first read each line they overwrite: streaming stores skip both. They need
+    // 64-byte aligned stores: every block (and so every 32-value step) starts on a 64-byte boundary.
+    const int64_t bytes = n * int64_t(sizeof(typename Elem<D>::T));
+    if (bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(y) % 64 == 0 &&
+        blocksize * int64_t(sizeof(typename Elem<D>::T)) % 64 == 0) {
+      run(std::true_type{});
+      return;
+    }
+#endif
+    run(std::false_type{});
   });
 }
 
