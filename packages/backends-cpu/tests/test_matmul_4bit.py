@@ -230,3 +230,25 @@ def test_cxx_rechecks_sizes():
 def test_crossover_constants_cover_every_dtype():
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         assert mm.FUSED_MAX_ROWS[dt] >= 1 and dt in mm.GEMM_DTYPE
+
+
+# Register-blocked bf16 GEMM (AVX512-BF16, FUSED_MAX_ROWS < M <= BF16_TILE_MAX_ROWS): row tails (M not a
+# multiple of the 6-row tile), weight-row tails (N % 4), K split into passes of 4096 (K = 4160) and A split
+# into several blocks of rows (M = 64 at K >= 4096), bias, 1 / 2 / 3 threads bit-identical.
+@pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(9, 257, 512, 64), (37, 6, 192, 128), (64, 131, 4160, 64)])
+def test_bf16_tiled_gemm(M, N, K, blocksize):
+    if not mm._bf16_tiles(K, blocksize):
+        pytest.skip("no AVX512-BF16 here")
+    assert mm.FUSED_MAX_ROWS[torch.bfloat16] < M <= mm.BF16_TILE_MAX_ROWS
+    q, absmax, _, W32 = quantized(N, K, blocksize, seed=M + K)
+    A = randn((M, K), torch.bfloat16, seed=N, spread=False)
+    bias = randn((N,), torch.bfloat16, seed=5, spread=False)
+    ref = REFERENCE["gemm_4bit"](A, q, [N, K], absmax, blocksize, "nf4", bias=bias)
+    outs = []
+    for n in (1, 2, 3):
+        with num_threads(n):
+            outs.append(torch.ops.bitsandbytes.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4", bias=bias))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    diff = (outs[0].double() - ref.double()).abs()
+    tol = matmul_tolerance(A, W32, ref) + 2 * torch.finfo(torch.bfloat16).eps * bias.double().abs()
+    assert (diff <= tol).all(), f"max diff {diff.max().item()}"

@@ -2,7 +2,8 @@
 
 Few rows of A: a fused kernel decodes each weight once (16-entry table scaled per block, looked up 16 or
 32 codes at a time) and multiplies it into every row with fp32 accumulation (AVX512-BF16 dot products
-for bf16 A where the CPU has them). Many rows: the weight is dequantized one slab of output features at
+for bf16 A where the CPU has them; for bf16 up to BF16_TILE_MAX_ROWS rows, a register-blocked GEMM on
+weight tiles decoded on the fly). Many rows: the weight is dequantized one slab of output features at
 a time (bf16 for bf16 A, else fp32) and multiplied by torch's GEMM (oneDNN / MKL); each slab is still in
 cache when the GEMM reads it. The crossover is a row count measured per dtype (FUSED_MAX_ROWS).
 """
@@ -23,6 +24,10 @@ from ._register import cpu_kernel, threads
 # AVX-512 (+BF16): the fused kernel's cost grows linearly in rows, torch's GEMM stays nearly flat, and
 # they cross between 8 and 16 rows for bf16, around 16 for fp32 and fp16.
 FUSED_MAX_ROWS = {torch.bfloat16: 8, torch.float32: 16, torch.float16: 16}
+# bf16 A on AVX512-BF16: above FUSED_MAX_ROWS and up to this many rows, the native kernel's register-blocked
+# GEMM (weights decoded tile by tile into registers' worth of bf16, never a dequantized slab) beats
+# dequantize + torch GEMM (measured on Zen 4: 1.5x at 32 rows, even at 64, slower from 128 on).
+BF16_TILE_MAX_ROWS = 64
 # dtype the GEMM path dequantizes to and multiplies in. fp16: torch's CPU fp16 GEMM is several times
 # slower than fp32, and the fp32 weight is allowed (module docstring of the conformance test).
 GEMM_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
@@ -57,6 +62,11 @@ def _bytes(B: torch.Tensor) -> torch.Tensor:
     return B.contiguous().reshape(-1).view(torch.uint8)
 
 
+def _bf16_tiles(K: int, blocksize: int) -> bool:
+    """Whether the native kernel's register-blocked AVX512-BF16 GEMM takes bf16 A of any row count."""
+    return K % 64 == 0 and blocksize >= 64 and _C.gemv_4bit_bf16_dot()
+
+
 def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
     """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation."""
     M = A.numel() // K if K else out.numel() // max(N, 1)
@@ -69,7 +79,9 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
     Bb = _bytes(B)
     absmax = absmax.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    if M <= FUSED_MAX_ROWS.get(A.dtype, 8):
+    if M <= FUSED_MAX_ROWS.get(A.dtype, 8) or (
+        A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)
+    ):
         _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads())
         return
     gdt = GEMM_DTYPE[A.dtype]
