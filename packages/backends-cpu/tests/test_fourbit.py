@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 
 import pytest
 import torch
+from native_helpers import isa
 
 import bitsandbytes  # noqa: F401  (first: importing it loads the cpu backend)
 from bitsandbytes import _formats
@@ -19,16 +19,6 @@ ops = torch.ops.bitsandbytes
 ISAS = _C.supported_isas()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 STORAGES = (torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.float32)
-
-
-@contextlib.contextmanager
-def isa(name: str):
-    before = _C.isa()
-    _C.set_isa(name)
-    try:
-        yield
-    finally:
-        _C.set_isa(before)
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:

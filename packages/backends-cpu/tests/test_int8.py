@@ -3,10 +3,9 @@ thread count, odd sizes, int32 wrap-around, and the C++ size re-checks."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
+from native_helpers import isa
 
 import bitsandbytes  # noqa: F401  (registers the cpu backend)
 from bitsandbytes._reference import int8 as ref
@@ -17,16 +16,6 @@ ISAS = _C.supported_isas()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # (isa, vnni): every GEMM tile this build and CPU can run.
 GEMM_PATHS = [(name, False) for name in ISAS] + ([("avx512", True)] if "avx512" in ISAS and _C.int8_has_vnni() else [])
-
-
-@contextlib.contextmanager
-def isa(name: str):
-    before = _C.isa()
-    _C.set_isa(name)
-    try:
-        yield
-    finally:
-        _C.set_isa(before)
 
 
 def assert_same(a, b, what=""):

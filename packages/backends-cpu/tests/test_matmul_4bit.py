@@ -3,10 +3,9 @@ dequantize + torch GEMM) at every ISA level, against the reference within the co
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
+from native_helpers import isa, num_threads
 
 import bitsandbytes
 from bitsandbytes import _formats
@@ -17,26 +16,6 @@ from bitsandbytes_cpu import _C
 from bitsandbytes_cpu.ops import matmul_4bit as mm
 
 ISAS = _C.supported_isas()
-
-
-@contextlib.contextmanager
-def isa(name: str):
-    old = _C.isa()
-    _C.set_isa(name)
-    try:
-        yield
-    finally:
-        _C.set_isa(old)
-
-
-@contextlib.contextmanager
-def num_threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def quantized(N, K, blocksize, quant_type="nf4", storage=torch.uint8, seed=0):

@@ -9,10 +9,9 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
+from native_helpers import isa, num_threads
 
 import bitsandbytes  # noqa: F401  (loads the cpu backend)
 from bitsandbytes import functional
@@ -24,26 +23,6 @@ NAMES = ("adam", "momentum", "rmsprop", "lion", "adagrad", "ademamix", "lamb", "
 ISAS = _C.supported_isas()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HP = {"beta1": 0.9, "beta2": 0.995, "beta3": 0.999, "alpha": 5.0, "eps": 1e-6, "lr": 1e-2, "gnorm_scale": 0.8}
-
-
-@contextlib.contextmanager
-def isa(name: str):
-    old = _C.isa()
-    _C.set_isa(name)
-    try:
-        yield
-    finally:
-        _C.set_isa(old)
-
-
-@contextlib.contextmanager
-def num_threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def _maps() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
