@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from compat import checkpoints
 
 UPSTREAM_VERSION = "0.50.2"
-ULPS = 4
+ULPS = 2
 WRAPPED = "__bnb_optimizer_quant_state__"
 
 

@@ -31,7 +31,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 WRAPPED = "__bnb_optimizer_quant_state__"
 # Units of precision allowed in out_tolerance: each side rounds the weight to the compute dtype and the
 # result to the output dtype once, and accumulates in at least that precision.
-ULPS = 4
+ULPS = 2
 
 
 @cache
@@ -77,7 +77,8 @@ def coarser(*dtypes: torch.dtype) -> torch.dtype:
 
 
 def fresh_linear4bit(p: dict) -> bnb.nn.Linear4bit:
-    return bnb.nn.Linear4bit(
+    """Built as the saved one was, in its dtype (so the bias loads unconverted), and not quantized."""
+    m = bnb.nn.Linear4bit(
         p["in_features"],
         p["out_features"],
         bias=p["bias"],
@@ -86,6 +87,7 @@ def fresh_linear4bit(p: dict) -> bnb.nn.Linear4bit:
         quant_type=p["quant_type"],
         quant_storage=getattr(torch, p["quant_storage"]),
     )
+    return m.to(DTYPES[p["weight_dtype"]])
 
 
 def check_linear4bit(m, p: dict, data: dict) -> None:
