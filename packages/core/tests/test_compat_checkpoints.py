@@ -231,6 +231,25 @@ def test_upstream_cpu_training_route_is_a_float_matmul(name):
     assert not torch.equal(data["y_train"], data["y_eval"])
 
 
+@pytest.mark.parametrize(
+    "weight_format", [None, 0, "row", torch.tensor(0)], ids=["absent", "int", "str", "int64-tensor"]
+)
+def test_linear8bit_other_spellings_of_row_format(weight_format):
+    """Older checkpoints lack the entry or spell it otherwise; upstream reads all of these as 'row'."""
+    p, data = case("int8-t0-fp16")
+    sd = data["state_dict"]
+    if weight_format is None:
+        del sd["weight_format"]
+    else:
+        sd["weight_format"] = weight_format
+    m = fresh_linear8bit(p)
+    m.load_state_dict(sd)
+    m.eval()
+    tol = out_tolerance(data["x"], dequantized_int8(sd), sd["bias"], torch.float16)
+    with torch.no_grad():
+        assert_close_outputs(m(data["x"].clone()), data["y_eval"], tol)
+
+
 def test_linear8bit_rejects_unknown_weight_format():
     p, data = case("int8-t0-fp16")
     sd = data["state_dict"]
@@ -336,6 +355,22 @@ def test_optimizer_writes_upstream_layout(name):
     assert layout(opt.state_dict()) == layout(expected)
     groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
     assert groups == [{k: v for k, v in g.items() if k != "params"} for g in expected["param_groups"]]
+
+
+def test_optimizer_loads_unwrapped_layout():
+    """The quantization state directly in each parameter's state (no wrapping key), as older releases
+    wrote it; upstream's load_state_dict accepts it too."""
+    cls, kwargs, params, data = optimizer_case("Adam8bit")
+    sd = data["state_dict"]
+    for state in sd["state"].values():
+        state.update(state.pop(WRAPPED))
+    opt = cls(params, **kwargs)
+    opt.load_state_dict(sd)
+    assert sorted(opt.state_dict()["state"][0]) == ["__bnb_optimizer_quant_state__", "step"]
+    take_step(opt, params, data["grads"])
+    eps32 = torch.finfo(torch.float32).eps
+    for ours, before, theirs in zip(params, data["params"], data["params_next"], strict=True):
+        assert ((ours.detach() - theirs).abs() <= ULPS * eps32 * (before.abs() + (theirs - before).abs())).all()
 
 
 def test_optimizer_state_of_wrong_shape_names_the_key():
