@@ -219,6 +219,19 @@ class Params4bit(torch.nn.Parameter):
             bnb_quantized=self.bnb_quantized,
         )
 
+    # nn.Module.half() / .float() / .bfloat16() / .double() call these on every floating parameter.
+    def half(self, *args, **kwargs):
+        return self if self.bnb_quantized else super().half(*args, **kwargs)
+
+    def float(self, *args, **kwargs):
+        return self if self.bnb_quantized else super().float(*args, **kwargs)
+
+    def bfloat16(self, *args, **kwargs):
+        return self if self.bnb_quantized else super().bfloat16(*args, **kwargs)
+
+    def double(self, *args, **kwargs):
+        return self if self.bnb_quantized else super().double(*args, **kwargs)
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if kwargs is None:
