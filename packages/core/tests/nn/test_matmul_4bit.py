@@ -37,7 +37,7 @@ def test_product_matches_dequantize_then_linear(quant_type, nested, dtype, shape
 
 
 def test_weight_view_and_storage_do_not_matter():
-    packed, qs, W = weight("fp4", True)
+    packed, qs, _ = weight("fp4", True)
     bf, _, _ = weight("fp4", True, storage=torch.bfloat16)
     A = torch.randn(3, K, generator=gen(3))
     out = matmul_4bit(A, packed, qs)
@@ -47,7 +47,7 @@ def test_weight_view_and_storage_do_not_matter():
 
 
 def test_single_row_without_grad_takes_the_gemv_path(monkeypatch):
-    packed, qs, W = weight()
+    packed, qs, _ = weight()
     calls = []
     real = F.gemv_4bit
     monkeypatch.setattr(F, "gemv_4bit", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -83,7 +83,7 @@ def test_gradients_match_dense(shape, nested):
 
 
 def test_only_bias_requires_grad():
-    packed, qs, W = weight()
+    packed, qs, _ = weight()
     A = torch.randn(3, K, generator=gen(8))
     bias = torch.zeros(N, requires_grad=True)
     matmul_4bit(A, packed, qs, bias=bias).sum().backward()

@@ -104,7 +104,7 @@ def test_bad_input():
     m = Experts()
     with pytest.raises(AttributeError, match="'bias'"):
         replace_parameter_4bit(m, "bias")
-    with pytest.raises(TypeError, match="'scale' is not an instance of nn.Parameter"):
+    with pytest.raises(TypeError, match=r"'scale' is not an instance of nn\.Parameter"):
         replace_parameter_4bit(m, "scale")
     with pytest.raises(ValueError, match="quant_type"):
         replace_parameter_4bit(m, "weight", quant_type="int4")

@@ -13,7 +13,15 @@ from bitsandbytes.nn import Linear4bit, Params4bit
 from bitsandbytes.nn.params4bit import fix_4bit_weight_quant_state_from_module
 
 # The attributes upstream 0.50 keeps in __dict__, which clients pass back as keywords.
-UPSTREAM_KEYS = {"blocksize", "compress_statistics", "quant_type", "quant_state", "quant_storage", "bnb_quantized", "module"}
+UPSTREAM_KEYS = {
+    "blocksize",
+    "compress_statistics",
+    "quant_type",
+    "quant_state",
+    "quant_storage",
+    "bnb_quantized",
+    "module",
+}
 
 
 def dense(shape=(16, 64), seed=0, dtype=torch.float32):
@@ -102,7 +110,8 @@ def test_client_rebuild_pattern_from_meta_module():
     assert new.bnb_quantized and new.quant_type == "nf4" and new.quant_storage == torch.bfloat16
     assert new.module is m and m.quant_state is new.quant_state
     assert "data" not in new.__dict__ and "requires_grad" not in new.__dict__
-    assert torch.equal(F.dequantize_4bit(new.data, new.quant_state), F.dequantize_4bit(*F.quantize_4bit(w, quant_type="nf4")))
+    expect = F.dequantize_4bit(*F.quantize_4bit(w, quant_type="nf4"))
+    assert torch.equal(F.dequantize_4bit(new.data, new.quant_state), expect)
 
 
 def test_peft_requantize_pattern():
@@ -220,7 +229,7 @@ def test_fsdp_proxy_properties():
         with pytest.raises(AttributeError, match=name):
             getattr(flat, name)
     with pytest.raises(AttributeError, match="absmax"):
-        Params4bit(dense()).absmax
+        _ = Params4bit(dense()).absmax
 
 
 def test_bad_settings_are_named():
