@@ -1,6 +1,7 @@
 """Linear4bit / LinearNF4 / LinearFP4: forward and backward against dense math, state_dict round trips,
 the upstream defects pinned (forward never changes the weight), and bad input."""
 
+import pickle
 import warnings
 
 import pytest
@@ -346,3 +347,13 @@ def test_exported_at_the_upstream_paths():
     assert bnb.nn.Linear4bit is bnb.nn.modules.Linear4bit is Linear4bit
     assert bnb.nn.LinearNF4 is LinearNF4 and bnb.nn.LinearFP4 is LinearFP4
     assert Linear4bit.__name__ == "Linear4bit"
+
+
+def test_whole_module_pickle_under_upstream_class_paths():
+    m = torch.nn.Sequential(quantized("nf4", True, torch.bfloat16))
+    blob = pickle.dumps(m)
+    assert b"bitsandbytes.nn.modules" in blob and b"Linear4bit" in blob
+    m2 = pickle.loads(blob)
+    assert type(m2[0]) is Linear4bit and type(m2[0].weight) is Params4bit and m2[0].weight.module is m2[0]
+    x = torch.randn(2, IN, generator=gen(15))
+    assert torch.equal(m2(x), m(x))

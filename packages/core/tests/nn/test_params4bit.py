@@ -263,3 +263,13 @@ def test_fix_quant_state_without_any_state_raises():
 
 def test_exported_at_the_upstream_paths():
     assert bnb.nn.Params4bit is Params4bit is bnb.nn.modules.Params4bit
+
+
+def test_reduction_is_class_plus_state_as_upstream_understands():
+    # (Params4bit, (data, requires_grad), state) with state holding data and requires_grad: upstream's
+    # __setstate__ reads exactly these keys, so a pickle written here loads there too.
+    p = Params4bit(dense(), quant_type="nf4").to("cpu")
+    fn, args, state = p.__reduce_ex__(2)
+    assert fn is Params4bit and args[1] is False and torch.equal(args[0], p.data)
+    assert set(state) == UPSTREAM_KEYS | {"data", "requires_grad"}
+    assert Params4bit.__module__ == "bitsandbytes.nn.modules"

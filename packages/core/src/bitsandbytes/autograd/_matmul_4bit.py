@@ -121,3 +121,6 @@ def matmul_4bit(
     else:
         result = _gemm(A, B, qs, bias)
     return out.copy_(result) if out is not None else result
+
+
+MatMul4Bit.__module__ = "bitsandbytes.autograd._functions"

@@ -124,3 +124,8 @@ class EmbeddingNF4(Embedding4bit):
         super().__init__(
             num_embeddings, embedding_dim, dtype=dtype, quant_type="nf4", quant_storage=quant_storage, device=device
         )
+
+
+# Pickled models name upstream's location, so they load under either implementation.
+for _cls in (Embedding4bit, EmbeddingFP4, EmbeddingNF4):
+    _cls.__module__ = "bitsandbytes.nn.modules"

@@ -69,6 +69,9 @@ class Linear4bit(nn.Linear):
         self.compute_type_is_set = compute_dtype is not None
         self.quant_state = None
         self.quant_storage = quant_storage
+        # Upstream's forward reads this to decide whether to repack the weight in place for its CPU
+        # kernel. Ours never repacks; False keeps upstream from doing it to a module pickled here.
+        self.support_avx512bf16_for_cpu = False
 
     def set_compute_type(self, x: torch.Tensor) -> None:
         if x.dtype in (torch.float32, torch.bfloat16):
@@ -149,3 +152,8 @@ class LinearNF4(Linear4bit):
         super().__init__(
             input_features, output_features, bias, compute_dtype, compress_statistics, "nf4", quant_storage, device
         )
+
+
+# Pickled models name upstream's location, so they load under either implementation.
+for _cls in (Linear4bit, LinearFP4, LinearNF4):
+    _cls.__module__ = "bitsandbytes.nn.modules"

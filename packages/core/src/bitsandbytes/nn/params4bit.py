@@ -78,9 +78,11 @@ class Params4bit(torch.nn.Parameter):
         self.__dict__.update(state)
 
     def __reduce_ex__(self, protocol):
-        # torch.nn.Parameter's own reduction rebuilds a plain Parameter and loses the class.
-        state = self.__dict__.copy()
-        return (_rebuild_params4bit, (type(self), self.data, self.requires_grad, state))
+        # torch.nn.Parameter's own reduction rebuilds a plain Parameter and loses the class. This one
+        # is the class called with (data, requires_grad) plus __setstate__, which upstream's class
+        # also understands: pickles load under either implementation.
+        state = self.__getstate__()
+        return (type(self), (state["data"], state["requires_grad"]), state)
 
     def __deepcopy__(self, memo):
         if id(self) in memo:
@@ -263,12 +265,6 @@ class Params4bit(torch.nn.Parameter):
         return f"Params4bit(not quantized, {self.quant_type}) containing:\n{super().__repr__()}"
 
 
-def _rebuild_params4bit(cls, data, requires_grad, state):
-    p = cls.__new__(cls, data, requires_grad=requires_grad)
-    p.__dict__.update(state)
-    return p
-
-
 def fix_4bit_weight_quant_state_from_module(module: torch.nn.Module) -> None:
     """Give ``module.weight`` back the quant_state kept on the module when a wrapper dropped it (FSDP)."""
     weight = module.weight
@@ -290,3 +286,7 @@ def fix_4bit_weight_quant_state_from_module(module: torch.nn.Module) -> None:
             weight.data, requires_grad=False, quant_storage=weight.dtype, module=module, bnb_quantized=True
         )
     module.weight.quant_state = qs
+
+
+# Upstream's location (pickles of modules that hold the class refer to it by this path).
+Params4bit.__module__ = "bitsandbytes.nn.modules"
