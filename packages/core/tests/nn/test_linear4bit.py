@@ -357,3 +357,14 @@ def test_whole_module_pickle_under_upstream_class_paths():
     assert type(m2[0]) is Linear4bit and type(m2[0].weight) is Params4bit and m2[0].weight.module is m2[0]
     x = torch.randn(2, IN, generator=gen(15))
     assert torch.equal(m2(x), m(x))
+
+
+def test_dense_state_dict_assigned_into_a_meta_module_still_quantizes_on_move():
+    lin = dense_linear(5)
+    m = LinearNF4(IN, OUT, device="meta")
+    m.load_state_dict(lin.state_dict(), assign=True)
+    assert type(m.weight) is Params4bit and not m.weight.bnb_quantized and m.weight.module is m
+    m = m.to("cpu")
+    packed, _ = F.quantize_4bit(lin.weight.detach(), quant_type="nf4", compress_statistics=True)
+    assert torch.equal(m.weight.data, packed) and m.quant_state is m.weight.quant_state
+    assert torch.equal(m.bias, lin.bias)

@@ -38,6 +38,7 @@ def load_4bit_weight(
     prefix: str,
     expected_shape: tuple[int, ...],
     error_msgs: list[str],
+    assign: bool = False,
 ) -> bool:
     """Replace ``module.weight`` from ``state_dict`` and remove the keys it used.
 
@@ -69,6 +70,12 @@ def load_4bit_weight(
                 state_dict.pop(wkey)
                 new = Params4bit(data.detach().clone(), requires_grad=False, **_settings(current, module))
                 module._parameters["weight"] = new.to(device)
+                return True
+            if assign and isinstance(current, Params4bit):
+                # torch's assign would wrap the tensor in a plain Parameter, which never quantizes.
+                state_dict.pop(wkey)
+                new = Params4bit(data.detach(), requires_grad=False, **_settings(current, module))
+                module._parameters["weight"] = new
                 return True
             return False  # not quantized yet: the default loader copies the dense values
         error_msgs.append(

@@ -65,7 +65,8 @@ class Embedding4bit(nn.Embedding):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
         shape = (self.num_embeddings, self.embedding_dim)
-        handled = load_4bit_weight(self, state_dict, prefix, shape, error_msgs)
+        assign = bool(local_metadata.get("assign_to_params_buffers", False))
+        handled = load_4bit_weight(self, state_dict, prefix, shape, error_msgs, assign)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

@@ -88,7 +88,8 @@ class Linear4bit(nn.Linear):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
         shape = (self.out_features, self.in_features)
-        handled = load_4bit_weight(self, state_dict, prefix, shape, error_msgs)
+        assign = bool(local_metadata.get("assign_to_params_buffers", False))
+        handled = load_4bit_weight(self, state_dict, prefix, shape, error_msgs, assign)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
