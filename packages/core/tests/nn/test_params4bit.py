@@ -273,3 +273,11 @@ def test_reduction_is_class_plus_state_as_upstream_understands():
     assert fn is Params4bit and args[1] is False and torch.equal(args[0], p.data)
     assert set(state) == UPSTREAM_KEYS | {"data", "requires_grad"}
     assert Params4bit.__module__ == "bitsandbytes.nn.modules"
+
+
+def test_move_with_device_and_dtype_quantizes_the_converted_values():
+    w = dense()
+    p = Params4bit(w.clone(), quant_type="nf4").to("cpu", torch.bfloat16)
+    assert p.quant_state.dtype == torch.bfloat16
+    packed, _ = F.quantize_4bit(w.bfloat16(), quant_type="nf4", compress_statistics=True)
+    assert torch.equal(p.data, packed)
