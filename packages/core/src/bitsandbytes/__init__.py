@@ -8,7 +8,8 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import _ops, _reference, functional  # noqa: F401  (op definitions and default kernels)
+from . import _ops, _reference, functional, nn  # noqa: F401  (op definitions and default kernels first)
+from .autograd._functions import matmul_4bit  # noqa: F401
 from .backends import load_backends as _load_backends
 
 try:

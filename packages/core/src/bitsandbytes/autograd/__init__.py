@@ -1,0 +1,1 @@
+"""Autograd functions for quantized matrix products."""
