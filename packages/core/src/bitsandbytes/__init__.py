@@ -9,6 +9,8 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 from importlib.metadata import PackageNotFoundError, version
 
 from . import _ops, _reference, functional  # noqa: F401  (op definitions and default kernels)
+from . import nn, utils  # noqa: F401
+from .autograd._functions import MatmulLtState, matmul
 from .backends import load_backends as _load_backends
 
 try:

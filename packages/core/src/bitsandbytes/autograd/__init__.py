@@ -1,0 +1,3 @@
+"""Autograd functions for the quantized matmuls."""
+
+from ._functions import GlobalOutlierPooler, MatMul8bitFp, MatMul8bitLt, MatmulLtState, matmul
