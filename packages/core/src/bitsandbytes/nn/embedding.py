@@ -109,15 +109,6 @@ class Embedding8bit(Int8WeightIO, nn.Embedding):
         self.dtype = self.weight.data.dtype
         self.weight = Int8Params(self.weight.data, has_fp16_weights=False, requires_grad=False)
 
-    def _apply(self, fn, recurse=True):
-        super()._apply(fn, recurse)
-        weight = self.weight
-        if isinstance(weight, Int8Params) and weight.dtype == torch.int8:
-            weight.CB = weight.data
-            if weight.SCB is not None and weight.SCB.device != weight.device and weight.device.type != "meta":
-                weight.SCB = weight.SCB.to(weight.device)
-        return self
-
     def forward(self, input: Tensor) -> Tensor:
         if not isinstance(input, torch.Tensor) or input.is_floating_point() or input.dtype == torch.bool:
             raise TypeError(f"input must be an integer tensor of indices; got {getattr(input, 'dtype', type(input))}")

@@ -85,8 +85,10 @@ class Int8Params(torch.nn.Parameter):
         ):
             return self._quantize(device)
 
+        quantized = self.is_quantized
+        if quantized:
+            dtype = None  # codes stay int8: a floating dtype here means the module's compute dtype
         moved = super().to(device=device, dtype=dtype, non_blocking=non_blocking)
-        quantized = moved.dtype == torch.int8
         scb = self.SCB
         if quantized and scb is not None and device is not None and scb.device.type != "meta":
             scb = scb.to(device, non_blocking=non_blocking)
@@ -267,6 +269,32 @@ class Int8WeightIO:
                 new._quantize(device)
         self.weight = new
         self._int8_reset_state()
+
+    def _apply(self, fn, recurse=True):
+        # Module.to()/cuda()/to_empty() may copy only the data into the parameter, or replace it by a
+        # plain Parameter: keep an Int8Params, with its scales on the weight's device.
+        before = self.weight
+        scb = self._int8_scb()
+        super()._apply(fn, recurse)
+        weight = self.weight
+        if not isinstance(weight, Int8Params):
+            weight = Int8Params(
+                weight.data, requires_grad=weight.requires_grad, has_fp16_weights=self._int8_holds_fp16()
+            )
+            self.weight = weight
+        if weight.dtype == torch.int8:
+            weight.CB = weight.data
+            scb = weight.SCB if weight.SCB is not None else scb
+            if scb is not None and scb.device != weight.device:
+                if scb.device.type == "meta" or weight.device.type == "meta":
+                    scb = torch.empty_like(scb, device=weight.device)
+                else:
+                    scb = scb.to(weight.device)
+            weight.SCB = scb
+        elif weight is not before:
+            weight.SCB = weight.CB = None
+        self._int8_reset_state()
+        return self
 
     def _int8_reset_state(self):
         state = getattr(self, "state", None)

@@ -58,20 +58,6 @@ class Linear8bitLt(Int8WeightIO, nn.Linear):
         self.state.CB = self.weight.CB
         self.state.SCB = self.weight.SCB
 
-    def _apply(self, fn, recurse=True):
-        # Module.to()/cuda()/cpu() may copy only the data into the existing parameter: move the
-        # scales along, and forget the state (forward rebuilds it from the weight).
-        if isinstance(self.weight, Int8Params) and self.weight.SCB is None and self.state.SCB is not None:
-            self.weight.SCB = self.state.SCB
-        super()._apply(fn, recurse)
-        weight = self.weight
-        if isinstance(weight, Int8Params) and weight.dtype == torch.int8:
-            weight.CB = weight.data
-            if weight.SCB is not None and weight.SCB.device != weight.device and weight.device.type != "meta":
-                weight.SCB = weight.SCB.to(weight.device)
-        self.state.reset_grads()
-        return self
-
     def _sync_state(self) -> None:
         weight = self.weight
         if self.state.has_fp16_weights:
