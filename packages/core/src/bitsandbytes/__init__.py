@@ -8,9 +8,9 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import _ops, _reference, functional  # noqa: F401  (op definitions and default kernels)
-from . import nn, utils  # noqa: F401
-from .autograd._functions import MatmulLtState, matmul
+from . import _ops, _reference, functional, nn, utils  # noqa: F401  (op definitions and default kernels)  # noqa: F401  (bitsandbytes.nn / .utils, as upstream)
+from .autograd._functions import MatmulLtState as MatmulLtState
+from .autograd._functions import matmul as matmul
 from .backends import load_backends as _load_backends
 
 try:

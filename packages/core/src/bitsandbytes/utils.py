@@ -72,7 +72,9 @@ class OutlierTracer:
         self.outliers = []
         self.hvalue2outlier_idx = {}
         self.initialized = True
-        self.hooks = [m.register_forward_pre_hook(outlier_hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        self.hooks = [
+            m.register_forward_pre_hook(outlier_hook) for m in model.modules() if isinstance(m, torch.nn.Linear)
+        ]
 
     def is_initialized(self):
         return getattr(self, "initialized", False)

@@ -25,7 +25,7 @@ def test_constructor_defaults_and_dict():
     # transformers and PEFT rebuild parameters from __dict__: only constructor keywords, never data/requires_grad.
     assert set(p.__dict__) == {"CB", "SCB", "has_fp16_weights"}
     assert Int8Params().shape == (0,)
-    with pytest.raises(TypeError, match="data must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"data must be a torch\.Tensor"):
         Int8Params([1.0, 2.0])
 
 

@@ -234,7 +234,11 @@ def checkpoint():
         (lambda sd: sd.update(SCB=sd["SCB"].half()), TypeError, "'SCB'.*float32"),
         (lambda sd: sd.update(SCB=[1.0] * OUT), TypeError, "'SCB'"),
         (lambda sd: sd.update(weight_format=torch.tensor(1, dtype=torch.uint8)), ValueError, "'weight_format'.*col32"),
-        (lambda sd: sd.update(weight_format=torch.tensor(9, dtype=torch.uint8)), ValueError, "'weight_format'.*unknown"),
+        (
+            lambda sd: sd.update(weight_format=torch.tensor(9, dtype=torch.uint8)),
+            ValueError,
+            "'weight_format'.*unknown",
+        ),
         (lambda sd: sd.update(weight_format="col_ampere"), ValueError, "'weight_format'.*only the row-major"),
         (lambda sd: sd.update(weight_format=torch.zeros(2)), ValueError, "'weight_format'"),
         (lambda sd: sd.update(weight=sd["weight"].to(torch.int32)), TypeError, "'weight'.*int32"),
@@ -253,7 +257,7 @@ def test_keys_are_named_with_their_prefix():
     del sd["layer.SCB"]
     model = torch.nn.Module()
     model.layer = Linear8bitLt(IN, OUT, has_fp16_weights=False)
-    with pytest.raises(ValueError, match="'layer.SCB'"):
+    with pytest.raises(ValueError, match=r"'layer\.SCB'"):
         model.load_state_dict(sd)
 
 

@@ -49,7 +49,7 @@ def test_int8_weight_from_state():
     CB, SCB, _ = F.int8_vectorwise_quant(W.half())
     state = MatmulLtState(has_fp16_weights=False, CB=CB, SCB=SCB)
     assert torch.equal(bnb.matmul(A, CB, state=state), expected_forward(A, W))
-    with pytest.raises(ValueError, match="state.SCB"):
+    with pytest.raises(ValueError, match=r"state\.SCB"):
         bnb.matmul(A, CB, state=MatmulLtState(has_fp16_weights=False))
 
 

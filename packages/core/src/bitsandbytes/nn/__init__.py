@@ -8,3 +8,12 @@ from .modules import (
     OutlierAwareLinear,
     StableEmbedding,
 )
+
+__all__ = [
+    "Embedding",
+    "Embedding8bit",
+    "Int8Params",
+    "Linear8bitLt",
+    "OutlierAwareLinear",
+    "StableEmbedding",
+]

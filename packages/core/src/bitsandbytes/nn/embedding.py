@@ -53,8 +53,8 @@ class StableEmbedding(_XavierEmbedding):
             scale_grad_by_freq,
             sparse,
             _weight,
-            device,
-            dtype,
+            device=device,  # by keyword: torch.nn.Embedding has `_freeze` before them
+            dtype=dtype,
         )
         self.norm = nn.LayerNorm(embedding_dim, device=device)
         _register_32bit_state(self)

@@ -145,7 +145,9 @@ class Int8Params(torch.nn.Parameter):
 
 
 def _rebuild_int8params(cls, data, requires_grad, has_fp16_weights, CB, SCB, cb_is_data):
-    return cls(data, requires_grad=requires_grad, has_fp16_weights=has_fp16_weights, CB=data if cb_is_data else CB, SCB=SCB)
+    return cls(
+        data, requires_grad=requires_grad, has_fp16_weights=has_fp16_weights, CB=data if cb_is_data else CB, SCB=SCB
+    )
 
 
 def weight_format_name(value, key: str) -> str:
@@ -158,7 +160,9 @@ def weight_format_name(value, key: str) -> str:
             )
         value = int(value.item())
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"state dict key {key!r} must be an integer tensor, an int or a str; got {type(value).__name__}")
+        raise TypeError(
+            f"state dict key {key!r} must be an integer tensor, an int or a str; got {type(value).__name__}"
+        )
     name = INVERSE_LINEAR_8BIT_WEIGHTS_FORMAT_MAPPING.get(value) if isinstance(value, int) else value
     if name not in LINEAR_8BIT_WEIGHTS_FORMAT_MAPPING:
         known = ", ".join(f"{v} ({k!r})" for k, v in LINEAR_8BIT_WEIGHTS_FORMAT_MAPPING.items())
