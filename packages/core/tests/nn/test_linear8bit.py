@@ -144,6 +144,15 @@ def test_load_into_quantized_and_meta_modules():
     assert torch.equal(empty(x), src(x))
 
 
+def test_partial_checkpoint_without_weight_leaves_it_alone():
+    m = quantized()
+    codes, scales = m.weight.data.clone(), m.weight.SCB.clone()
+    result = m.load_state_dict({"bias": torch.zeros(OUT)}, strict=False)
+    assert result.missing_keys == ["weight"] and not result.unexpected_keys
+    assert torch.equal(m.weight.data, codes) and torch.equal(m.weight.SCB, scales)
+    assert torch.equal(m.bias, torch.zeros(OUT))
+
+
 def test_float_checkpoint_into_quantized_module_requantizes():
     m = quantized(seed=0)
     lin = dense(seed=5)

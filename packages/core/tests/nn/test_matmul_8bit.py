@@ -44,6 +44,13 @@ def test_forward_matches_functional_pipeline(dtype, shape):
     assert rel_err(out, A.double() @ W.double().T + bias.double()) < 0.02
 
 
+def test_bias_of_another_dtype_is_added_before_rounding():
+    A, W, bias = randn(4, 16, dtype=torch.float16), randn(8, 16, seed=1), randn(8, seed=2) * 1000
+    out = bnb.matmul(A, W, bias=bias)
+    assert out.dtype == torch.float16 and torch.equal(out, expected_forward(A, W, bias))
+    assert not torch.equal(out, expected_forward(A, W, bias.half()))
+
+
 def test_int8_weight_from_state():
     A, W = randn(4, 16), randn(8, 16, seed=1)
     CB, SCB, _ = F.int8_vectorwise_quant(W.half())

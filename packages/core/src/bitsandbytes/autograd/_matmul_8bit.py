@@ -243,14 +243,12 @@ def matmul(
         out: optional tensor the result is copied into (and returned).
         state: a MatmulLtState kept across calls (a fresh one when None).
         threshold: outlier threshold; when > 0 it is stored into ``state``.
-        bias: optional ``[N]``, added in floating point.
+        bias: optional ``[N]`` of any floating dtype, added in float32 before rounding to A's dtype.
     """
     state = state or MatmulLtState()
     if threshold > 0.0:
         state.threshold = threshold
     _check_inputs(A, B, bias)
-    if bias is not None and bias.dtype != A.dtype:
-        bias = bias.to(A.dtype)
     result = MatMul8bitLt.apply(A, B, None, bias, state)
     if out is not None:
         return out.copy_(result)
