@@ -8,7 +8,7 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import _ops, _reference, functional  # noqa: F401  (op definitions and default kernels)
+from . import _ops, _reference, functional, optim  # noqa: F401  (op definitions and default kernels)
 from .backends import load_backends as _load_backends
 
 try:
