@@ -246,3 +246,32 @@ def test_percentile_clipping_and_block_wise_are_accepted():
         scale = bnb.functional.percentile_clipping(g, gnorm_vec, t, 5)[2]
         bnb.functional.optimizer_update_32bit("momentum", g, p, m, 0.9, 0.0, t, 1e-2, gnorm_scale=scale)
     torch.testing.assert_close(clipped, p, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bits", [32, 8])
+def test_skip_zeros_leaves_zero_gradient_elements_alone(bits):
+    from bitsandbytes.optim.optimizer import Optimizer2State
+
+    p = torch.nn.Parameter(torch.randn(SHAPE))
+    opt = Optimizer2State("adam", [p], lr=1e-2, optim_bits=bits, min_8bit_size=0, skip_zeros=True)
+    p.grad = torch.randn(SHAPE)
+    opt.step()
+    before = p.detach().clone()
+    mask = torch.rand(SHAPE, generator=torch.Generator().manual_seed(3)) < 0.3
+    p.grad = torch.randn(SHAPE).masked_fill(mask, 0.0)
+    opt.step()
+    # Without skip_zeros those elements would still move: their momentum from step 1 is not zero.
+    assert torch.equal(p[mask], before[mask])
+    assert not torch.equal(p[~mask], before[~mask])
+
+
+def test_lr_scheduler_drives_the_learning_rate():
+    p = torch.nn.Parameter(torch.ones(10))
+    opt = bnb.optim.SGD([p], lr=0.1, momentum=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.0 if step >= 1 else 1.0)
+    p.grad = torch.ones(10)
+    opt.step()
+    sched.step()  # lr is now 0
+    moved = p.detach().clone()
+    opt.step()
+    assert torch.allclose(moved, torch.full((10,), 0.9)) and torch.equal(p.detach(), moved)
