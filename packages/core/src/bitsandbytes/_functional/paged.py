@@ -14,7 +14,8 @@ from math import prod
 
 import torch
 
-__all__ = ["GlobalPageManager", "get_paged", "has_paged_memory", "prefetch_tensor", "register_paged_memory"]
+# Upstream's names, re-exported by bitsandbytes.functional; the two registry functions are for backends.
+__all__ = ["GlobalPageManager", "get_paged", "prefetch_tensor"]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .. import functional as F
+from .._functional.paged import has_paged_memory
 from .._ops import OPTIMIZER_BLOCKSIZE
 from . import _args
 from .manager import GlobalOptimManager
@@ -106,7 +107,7 @@ class Optimizer8bit(torch.optim.Optimizer):
         """Whether ``p``'s state goes to paged memory; warns once per device type when paging is unavailable."""
         if not self.is_paged:
             return False
-        if not F.has_paged_memory(p.device):
+        if not has_paged_memory(p.device):
             if p.device.type not in self._unpaged_warned:
                 self._unpaged_warned.add(p.device.type)
                 warnings.warn(
