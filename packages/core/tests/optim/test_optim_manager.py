@@ -153,3 +153,15 @@ def test_bad_overrides_fail_when_registered():
     with pytest.raises(ValueError, match="either key"):
         mng.override_config(p, "lr", 0.1, key_value_dict={"eps": 0.0})
     assert p not in mng._param_config and not mng._module_overrides
+
+
+def test_registering_a_module_override_again_merges():
+    mng = bnb.optim.GlobalOptimManager.get_instance()
+    model = torch.nn.Linear(64, 80)
+    mng.register_module_override(model, "weight", {"optim_bits": 32})
+    mng.register_module_override(model, "weight", {"lr": 0.0})
+    assert len(mng._module_overrides) == 1
+    opt = bnb.optim.Adam8bit([model.weight])
+    before = model.weight.detach().clone()
+    _step(opt, model.weight)
+    assert _bits(opt, model.weight) == 32 and torch.equal(model.weight, before)

@@ -137,6 +137,11 @@ class GlobalOptimManager:
         for k, v in config.items():
             check_override(k, v)
         self.uses_config_override = True
+        for ref, name, existing in self._module_overrides:
+            # The Trainer registers again each time it builds an optimizer: merge rather than pile up.
+            if ref() is module and name == param_name:
+                existing.update(config)
+                return
         # Weak, so registering an override does not keep a discarded model alive.
         self._module_overrides.append((weakref.ref(module), param_name, dict(config)))
 
