@@ -165,3 +165,17 @@ def test_registering_a_module_override_again_merges():
     before = model.weight.detach().clone()
     _step(opt, model.weight)
     assert _bits(opt, model.weight) == 32 and torch.equal(model.weight, before)
+
+
+def test_stable_embedding_keeps_only_its_own_weight_32bit():
+    # The real client of module overrides: StableEmbedding registers one for its weight at construction.
+    emb = bnb.nn.StableEmbedding(100, 64)
+    model_a = torch.nn.Sequential(emb, torch.nn.Linear(64, 80))
+    opt_a = bnb.optim.Adam8bit(model_a.parameters())
+    model_a(torch.tensor([1, 2, 3])).sum().backward()
+    opt_a.step()
+    assert _bits(opt_a, emb.weight) == 32 and _bits(opt_a, model_a[1].weight) == 8
+    model_b = torch.nn.Sequential(torch.nn.Linear(64, 100), torch.nn.Linear(100, 64))  # weight at index 0
+    opt_b = bnb.optim.Adam8bit(model_b.parameters())
+    _step(opt_b, *model_b.parameters())
+    assert _bits(opt_b, model_b[0].weight) == 8
