@@ -42,13 +42,13 @@ def tests(session: nox.Session) -> None:
     # Upstream's bytes must come out of the native kernels too.
     compat = ["packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py"]
     session.run("pytest", "-q", *compat, env=strict)
-    upstream_loads_our_checkpoints(session)
+    upstream_loads_our_checkpoints(session, env=strict)
     for isa in CPU_ISAS:
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
 
 
-def upstream_loads_our_checkpoints(session: nox.Session) -> None:
+def upstream_loads_our_checkpoints(session: nox.Session, env: dict[str, str]) -> None:
     """Upstream bitsandbytes, in a venv of its own beside this session's (both distributions are named
     bitsandbytes), loads the module and optimizer checkpoints our package writes and must reproduce our
     results: ci/compat/roundtrip.py writes them here and checks them there."""
@@ -57,7 +57,7 @@ def upstream_loads_our_checkpoints(session: nox.Session) -> None:
     if not python.exists():
         session.run("python", "-m", "venv", str(upstream))
     session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
-    session.run("python", "ci/compat/roundtrip.py", "--upstream-python", str(python))
+    session.run("python", "ci/compat/roundtrip.py", "--upstream-python", str(python), env=env)
 
 
 @nox.session
