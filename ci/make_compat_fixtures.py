@@ -186,8 +186,8 @@ def make_checkpoints(outdir: Path, meta: dict) -> None:
         )
     meta["files"]["modules.pt"] = modules
     meta["files"]["optimizers.pt"] = {
-        n: dict(optimizer=cls, kwargs=kw, shapes=[list(s) for s in checkpoints.OPT_SHAPES], steps=checkpoints.OPT_STEPS)
-        for n, (cls, kw) in checkpoints.OPTIMIZERS.items()
+        n: dict(optimizer=cls, kwargs=kw, shapes=[list(s) for s in shapes], steps=checkpoints.OPT_STEPS)
+        for n, (cls, kw, shapes) in checkpoints.OPTIMIZERS.items()
     }
 
 

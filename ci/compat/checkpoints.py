@@ -40,13 +40,16 @@ LINEAR8BIT = {
 }
 IN_8BIT, OUT_8BIT = 96, 48
 
-# (optimizer class name, keyword arguments); the big parameter is above min_8bit_size (4096), the
-# small one below it, so the state dict holds both the 8-bit and the 32-bit layout.
+# (optimizer class name, keyword arguments, parameter shapes). In each case one parameter is large
+# enough for 8-bit state (min_8bit_size, 4096 by default: the first case keeps the default, the others
+# lower it to stay small) and one is below it, so a state dict holds both the 8-bit and the 32-bit
+# layout. 480 values make two blocks of 256, the second a partial one.
 OPTIMIZERS = {
-    "Adam8bit": ("Adam8bit", {"lr": 1e-2, "weight_decay": 1e-2}),
-    "Lion8bit": ("Lion8bit", {"lr": 1e-3, "betas": (0.9, 0.99)}),
+    "Adam8bit": ("Adam8bit", {"lr": 1e-2, "weight_decay": 1e-2}, ((65, 64), (10,))),
+    "Lion8bit": ("Lion8bit", {"lr": 1e-3, "betas": (0.9, 0.99), "min_8bit_size": 256}, ((24, 20), (10,))),
+    "PagedAdamW8bit": ("PagedAdamW8bit", {"lr": 1e-2, "min_8bit_size": 256}, ((24, 20), (10,))),
+    "AdEMAMix8bit": ("AdEMAMix8bit", {"lr": 1e-2, "min_8bit_size": 256}, ((24, 20), (10,))),
 }
-OPT_SHAPES = ((65, 64), (10,))
 OPT_STEPS = 3
 
 
@@ -146,16 +149,16 @@ def record_modules(bnb) -> dict:
 
 def optimizer_params(name: str) -> list[torch.nn.Parameter]:
     gen = generator(seed_of(name, 8000))
-    return [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in OPT_SHAPES]
+    return [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in OPTIMIZERS[name][2]]
 
 
 def optimizer_grads(name: str, step: int) -> list[torch.Tensor]:
     gen = generator(seed_of(name, 9000 + 100 * step))
-    return [torch.randn(shape, generator=gen) * (1 + step) for shape in OPT_SHAPES]
+    return [torch.randn(shape, generator=gen) * (1 + step) for shape in OPTIMIZERS[name][2]]
 
 
 def build_optimizer(bnb, name: str, params):
-    cls, kwargs = OPTIMIZERS[name]
+    cls, kwargs, _ = OPTIMIZERS[name]
     return getattr(bnb.optim, cls)(params, **kwargs)
 
 
