@@ -164,6 +164,20 @@ def make_maps(tensors: dict) -> None:
     tensors["fp8_e4m4_unsigned"] = F.create_fp8_map(signed=False, exponent_bits=4, precision_bits=4)
 
 
+# What each file holds; "files" lists each file's cases with their parameters.
+ABOUT = {
+    "fourbit.pt": "quantize_4bit: per case (name/...) input A, packed bytes, absmax, nested statistics, "
+    "dequantized output and QuantState.as_dict(packed=True) entries (name/qs/...)",
+    "blockwise8.pt": "quantize_blockwise with the dynamic map: per case input A, codes, absmax, code map, dequantized",
+    "int8.pt": "int8_vectorwise_quant/dequant per case; 'mm/...': int8_linear_matmul, int8_mm_dequant, int8_scaled_mm",
+    "maps.pt": "code maps: dynamic, NF4, FP4, linear, FP8",
+    "modules.pt": "per case: upstream module state_dict, input x, upstream outputs y_train (training mode) "
+    "and, for Linear8bitLt, y_eval (evaluation mode), and for Linear4bit the dequantized weight",
+    "optimizers.pt": "per case: optimizer state_dict after 3 steps, params and grads for a 4th step, "
+    "params_next and state_dict_next after it",
+}
+
+
 def make_checkpoints(outdir: Path, meta: dict) -> None:
     """Module and optimizer state dicts with inputs and upstream's results (see compat/checkpoints.py)."""
     recorded = checkpoints.record(bitsandbytes)
@@ -204,6 +218,7 @@ def main(outdir: Path) -> None:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "upstream_native_library": type(lib).__name__,
         "files": {},
+        "about": ABOUT,
     }
     for fname, build in (("fourbit", make_fourbit), ("blockwise8", make_blockwise8), ("int8", make_int8)):
         tensors: dict = {}
