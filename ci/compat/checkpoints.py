@@ -4,8 +4,8 @@ The same code runs in two venvs: upstream's release (the fixtures, and the check
 and this project's package (the checkpoints that upstream must load). It only uses the public API the
 two share. Every weight, input and gradient comes from a fixed seed.
 
-A record is a dict: ``modules`` maps a case name to its state dict, input ``x``, the dequantized
-weight and the outputs in training and evaluation mode; ``optimizers`` maps a case name to the
+A record is a dict: ``modules`` maps a case name to its state dict, input ``x`` and outputs (4-bit:
+``y_train`` and the dequantized weight; 8-bit: ``y_train`` and ``y_eval``); ``optimizers`` maps a case name to the
 optimizer's state dict after a few steps, the parameters and gradients needed for one more step, and
 the parameters and state dict after that step.
 """
@@ -29,7 +29,8 @@ LINEAR4BIT = {
     "fp4-dq1-bf16": ("fp4", True, "bfloat16", "fp32", "bf16", True),
     "fp4-dq0-bf16": ("fp4", False, "bfloat16", "bf16", "bf16", False),
 }
-# Upstream's AVX512-BF16 inference route needs in_features % 64 == 0 and out_features % 32 == 0.
+# Multiples of 64 and 32, which upstream's AVX512-BF16 inference route requires. Its output is not
+# recorded (it rounds to bfloat16 and exists only on such CPUs); training mode is the same everywhere.
 IN_4BIT, OUT_4BIT = 64, 32
 
 # (threshold, module dtype)
