@@ -29,6 +29,7 @@ from compat import checkpoints
 
 UPSTREAM_VERSION = "0.50.2"
 ULPS = 2
+STEP_ULPS = 4  # an optimizer step: a handful of float32 roundings in another order
 WRAPPED = "__bnb_optimizer_quant_state__"
 
 
@@ -135,7 +136,7 @@ def check_optimizers(bnb, cases: dict, c: Checker) -> None:
             p.grad = g.clone()
         opt.step()
         for i, (p, before, ours) in enumerate(zip(params, data["params"], data["params_next"], strict=True)):
-            tol = ULPS * eps32 * (before.abs() + (ours - before).abs()) + torch.finfo(torch.float32).tiny
+            tol = STEP_ULPS * eps32 * (before.abs() + (ours - before).abs()) + torch.finfo(torch.float32).tiny
             c.close(p.detach(), ours, tol, f"{name}: parameter {i} after one more step")
         sd = opt.state_dict()
         for i, state in data["state_dict_next"]["state"].items():
@@ -148,7 +149,7 @@ def check_optimizers(bnb, cases: dict, c: Checker) -> None:
                     c.expect(False, f"{name}: {key} of parameter {i} has another shape or dtype")
                 elif value.dtype == torch.uint8:
                     diff = (got.long() - value.long()).abs()
-                    ok = diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+                    ok = diff.max() <= 1 and (diff > 0).float().mean() < 0.02
                     c.expect(bool(ok), f"{name}: codes {key} of parameter {i}")
                 elif key.startswith("qmap"):
                     c.expect(identical(got, value), f"{name}: {key} of parameter {i}")
@@ -159,7 +160,7 @@ def check_optimizers(bnb, cases: dict, c: Checker) -> None:
                         g = data["grads"][i].abs()
                         terms = terms + data["state_dict"]["state"][i][WRAPPED][key].abs()
                         terms = terms + (g * g if key == "state2" else g)
-                    tol = ULPS * eps32 * terms + torch.finfo(torch.float32).tiny
+                    tol = STEP_ULPS * eps32 * terms + torch.finfo(torch.float32).tiny
                     c.close(got, value, tol, f"{name}: {key} of parameter {i}")
 
 

@@ -34,6 +34,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*paged:UserWarning")
 # Units of precision allowed in out_tolerance: each side rounds the weight to the compute dtype and the
 # result to the output dtype once, and accumulates in at least that precision.
 ULPS = 2
+# For an optimizer step, in float32 units of the magnitudes involved: a handful of roundings in a
+# different order (measured: up to 1.2).
+STEP_ULPS = 4
 
 
 @cache
@@ -302,7 +305,7 @@ def test_optimizer_continues_upstream_state(name):
     take_step(opt, params, data["grads"])
     eps32 = torch.finfo(torch.float32).eps
     for ours, before, theirs in zip(params, data["params"], data["params_next"], strict=True):
-        tol = ULPS * eps32 * (before.abs() + (theirs - before).abs()) + torch.finfo(torch.float32).tiny
+        tol = STEP_ULPS * eps32 * (before.abs() + (theirs - before).abs()) + torch.finfo(torch.float32).tiny
         err = (ours.detach() - theirs).abs()
         assert (err <= tol).all(), f"max error {err.max().item():.3g}"
         assert not torch.equal(theirs, before)  # the step moved every parameter tensor
@@ -316,7 +319,7 @@ def test_optimizer_continues_upstream_state(name):
                 # Requantized codes: the nearest code of a float32 value both sides compute in their own
                 # order, so a value near a midpoint may land on either side.
                 diff = (ours_q[key].long() - value.long()).abs()
-                assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01, key
+                assert diff.max() <= 1 and (diff > 0).float().mean() < 0.02, key
             elif key.startswith("qmap"):
                 assert torch.equal(ours_q[key], value), key
             else:
@@ -326,7 +329,7 @@ def test_optimizer_continues_upstream_state(name):
                     g = data["grads"][i].abs()
                     terms = terms + before_q[key].abs() + (g * g if key == "state2" else g)
                 err = (ours_q[key] - value).abs()
-                assert (err <= ULPS * eps32 * terms).all(), f"{key}: max error {err.max().item():.3g}"
+                assert (err <= STEP_ULPS * eps32 * terms).all(), f"{key}: max error {err.max().item():.3g}"
 
 
 @pytest.mark.parametrize("name", optimizer_cases())
@@ -372,7 +375,7 @@ def test_optimizer_loads_unwrapped_layout():
     take_step(opt, params, data["grads"])
     eps32 = torch.finfo(torch.float32).eps
     for ours, before, theirs in zip(params, data["params"], data["params_next"], strict=True):
-        assert ((ours.detach() - theirs).abs() <= ULPS * eps32 * (before.abs() + (theirs - before).abs())).all()
+        assert ((ours.detach() - theirs).abs() <= STEP_ULPS * eps32 * (before.abs() + (theirs - before).abs())).all()
 
 
 def test_optimizer_state_of_wrong_shape_names_the_key():
