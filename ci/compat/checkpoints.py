@@ -71,7 +71,9 @@ def weight_and_bias(name: str, out_f: int, in_f: int) -> tuple[torch.Tensor, tor
 
 
 def linear4bit_input(name: str) -> torch.Tensor:
-    return torch.randn(3, IN_4BIT, generator=generator(seed_of(name, 6000)))
+    # FP4 cases take a batch of sequences (3-D), NF4 cases a plain batch.
+    shape = (2, 3, IN_4BIT) if name.startswith("fp4") else (3, IN_4BIT)
+    return torch.randn(shape, generator=generator(seed_of(name, 6000)))
 
 
 def linear8bit_input(name: str, threshold: float) -> torch.Tensor:
@@ -79,7 +81,8 @@ def linear8bit_input(name: str, threshold: float) -> torch.Tensor:
     if threshold:
         # Outliers above the threshold in two columns (one of them in a single row).
         x[0, 5], x[2, 5], x[3, 40] = 8.0, -9.5, 7.25
-    return x
+    # The bfloat16 case takes a batch of sequences (3-D).
+    return x.reshape(2, 2, IN_8BIT) if name.endswith("bf16") else x
 
 
 def build_linear4bit(bnb, name: str):
