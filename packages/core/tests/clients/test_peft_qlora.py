@@ -3,14 +3,13 @@ attention projections, a few steps of bitsandbytes' PagedAdamW8bit, then merge_a
 
 from __future__ import annotations
 
+import peft
 import pytest
 import torch
-from conftest import VOCAB, load_quantized
+from tiny_llama import VOCAB, load_quantized
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
-
-peft = pytest.importorskip("peft", reason="client tests need peft (nox installs it)")
 
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 STEPS = 12

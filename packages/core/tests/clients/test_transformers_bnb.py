@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CONFIGS, OUTLIER_DIM, PROJECTIONS, load_dense, load_quantized, transformers
 from safetensors.torch import load_file
+from tiny_llama import CONFIGS, OUTLIER_DIM, PROJECTIONS, load_dense, load_quantized, transformers
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
