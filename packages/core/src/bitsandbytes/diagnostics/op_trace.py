@@ -17,6 +17,8 @@ Who served the call is read from the dispatcher (``backends.dispatch``), the sam
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -102,20 +104,13 @@ class _Mode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-class trace_ops:  # noqa: N801  (a context manager, named like one)
-    """Context manager recording every ``bitsandbytes::`` op call; yields an :class:`OpTrace`.
+@contextmanager
+def trace_ops() -> Iterator[OpTrace]:
+    """Record every ``bitsandbytes::`` op call made inside the block; yields the :class:`OpTrace`.
 
-    Nesting is allowed: each active trace records the calls made while it is active. Costs a Python call
-    per torch op while active, so trace a representative step rather than a whole long run.
+    Traces may nest: each records the calls made while it is active. Costs a Python call per torch op
+    while active, so trace a representative step rather than a whole long run.
     """
-
-    def __init__(self):
-        self.trace = OpTrace()
-        self._mode = _Mode(self.trace)
-
-    def __enter__(self) -> OpTrace:
-        self._mode.__enter__()
-        return self.trace
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
+    trace = OpTrace()
+    with _Mode(trace):
+        yield trace
