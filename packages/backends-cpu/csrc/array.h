@@ -61,8 +61,8 @@ T* data(Array& a, const char* name, nb::dlpack::dtype_code code, int64_t expecte
   if (d.code != uint8_t(code) || d.bits != sizeof(T) * 8 || d.lanes != 1)
     throw std::invalid_argument(std::string(name) + ": unexpected element type " + dtype_name(a));
   if (expected_numel >= 0 && numel(a) != expected_numel)
-    throw std::invalid_argument(std::string(name) + " must have " + std::to_string(expected_numel) +
-                                " elements; got " + std::to_string(numel(a)));
+    throw std::invalid_argument(std::string(name) + " must have " + std::to_string(expected_numel) + " elements; got " +
+                                std::to_string(numel(a)));
   return static_cast<T*>(a.data());
 }
 

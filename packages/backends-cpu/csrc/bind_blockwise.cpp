@@ -8,13 +8,6 @@
 #include "isa.h"
 #include "kernels/blockwise.h"
 
-// Defined in each ISA's kernels/blockwise.cpp (declared here: blockwise.h is the kernels' shared API).
-// The switch for the AVX512-VBMI route of quantize_blockwise, and whether a call would take it.
-#define BNB_BLOCKWISE_VBMI_DECLS         \
-  void set_quantize_blockwise_vbmi(bool on); \
-  bool quantize_blockwise_vbmi();
-BNB_FOR_EACH_ISA(BNB_BLOCKWISE_VBMI_DECLS)
-
 namespace bnb {
 namespace {
 
@@ -35,16 +28,6 @@ struct SortedMap {
 }  // namespace
 
 BNB_BINDINGS(blockwise) {
-#if defined(BNB_HAVE_AVX512)
-  // Only the avx512 level has a VBMI route (a switch so that tests can run the plain AVX-512 one).
-  m.def("blockwise_set_vbmi", [](bool on) { avx512::set_quantize_blockwise_vbmi(on); },
-        "Allow (True, the default) or forbid quantize_blockwise's AVX512-VBMI route.");
-  m.def("blockwise_has_vbmi", [] { return avx512::quantize_blockwise_vbmi(); },
-        "Whether the avx512 quantize_blockwise takes its AVX512-VBMI route (the CPU has VBMI, not forbidden).");
-#else
-  m.def("blockwise_set_vbmi", [](bool) {});
-  m.def("blockwise_has_vbmi", [] { return false; });
-#endif
   m.def("quantize_blockwise", [](Array A, Array code, int64_t blocksize, Array out, Array absmax, int threads) {
     check_blocksize(blocksize);
     DType dt = float_dtype(A, "A");

@@ -1,7 +1,7 @@
+#include <nanobind/stl/optional.h>
+
 #include <cstring>
 #include <optional>
-
-#include <nanobind/stl/optional.h>
 
 #include "array.h"
 #include "bindings.h"
@@ -142,8 +142,8 @@ BNB_BINDINGS(int8) {
         nb::gil_scoped_release release;
         BNB_DISPATCH(int8_scaled_mm, a, b, s.rows, N, s.K, rs, cs, bi, bdt, y, odt, use_vnni, threads);
       },
-      nb::arg("A"), nb::arg("B"), nb::arg("row_stats"), nb::arg("col_stats"), nb::arg("bias").none(),
-      nb::arg("out"), nb::arg("threads"), nb::arg("vnni") = true);
+      nb::arg("A"), nb::arg("B"), nb::arg("row_stats"), nb::arg("col_stats"), nb::arg("bias").none(), nb::arg("out"),
+      nb::arg("threads"), nb::arg("vnni") = true);
 }
 
 }  // namespace bnb

@@ -1,6 +1,5 @@
-#include <nanobind/stl/optional.h>
-
 #include <bitsandbytes/formats.h>
+#include <nanobind/stl/optional.h>
 
 #include <optional>
 
@@ -46,28 +45,31 @@ BNB_BINDINGS(matmul_4bit) {
     BNB_DISPATCH(gemv_4bit, a, dt, M, N, K, b, am, c, blocksize, bs, y, threads);
   });
   // Whether bf16 A takes the AVX512-BF16 dot-product path at the active level; 0/1 switch it (tests).
-  m.def("gemv_4bit_bf16_dot", [](int mode) {
-    bool used = false;
-    BNB_DISPATCH(gemv_4bit_bf16_dot, mode, &used);
-    return used;
-  }, nb::arg("mode") = -1);
+  m.def(
+      "gemv_4bit_bf16_dot",
+      [](int mode) {
+        bool used = false;
+        BNB_DISPATCH(gemv_4bit_bf16_dot, mode, &used);
+        return used;
+      },
+      nb::arg("mode") = -1);
   // out = the flat weights [i0, i1) of a packed 4-bit tensor, rounded to out's dtype.
-  m.def("dequantize_4bit_range", [](Array B, Array absmax, Array code, int64_t blocksize, int64_t i0, int64_t i1,
-                                    Array out, int threads) {
-    check_blocksize(blocksize);
-    check_dims(i0, "i0");
-    if (i1 < i0) throw std::invalid_argument("i1 must be >= i0");
-    const uint8_t* b = packed_bytes(B, (i1 + 1) / 2);
-    const float* am = f32(absmax, "absmax");
-    if (numel(absmax) < n_blocks(i1, blocksize))
-      throw std::invalid_argument("absmax must have at least " + std::to_string(n_blocks(i1, blocksize)) +
-                                  " elements; got " + std::to_string(numel(absmax)));
-    const float* c = f32(code, "code", 16);
-    DType dt = float_dtype(out, "out");
-    void* y = float_data(out, "out", dt, i1 - i0);
-    nb::gil_scoped_release release;
-    BNB_DISPATCH(dequantize_4bit_range, b, am, c, blocksize, i0, i1, y, dt, threads);
-  });
+  m.def("dequantize_4bit_range",
+        [](Array B, Array absmax, Array code, int64_t blocksize, int64_t i0, int64_t i1, Array out, int threads) {
+          check_blocksize(blocksize);
+          check_dims(i0, "i0");
+          if (i1 < i0) throw std::invalid_argument("i1 must be >= i0");
+          const uint8_t* b = packed_bytes(B, (i1 + 1) / 2);
+          const float* am = f32(absmax, "absmax");
+          if (numel(absmax) < n_blocks(i1, blocksize))
+            throw std::invalid_argument("absmax must have at least " + std::to_string(n_blocks(i1, blocksize)) +
+                                        " elements; got " + std::to_string(numel(absmax)));
+          const float* c = f32(code, "code", 16);
+          DType dt = float_dtype(out, "out");
+          void* y = float_data(out, "out", dt, i1 - i0);
+          nb::gil_scoped_release release;
+          BNB_DISPATCH(dequantize_4bit_range, b, am, c, blocksize, i0, i1, y, dt, threads);
+        });
   // Double-quantized block scales to fp32: code8[q[j]] * absmax2[j / 256] + offset.
   m.def("expand_nested_absmax", [](Array q, Array absmax2, Array code8, Array offset, Array out, int threads) {
     const int64_t n = numel(q);

@@ -25,16 +25,18 @@ struct Name {
   bool one_state;  // max_unorm's limit adds eps
 };
 constexpr Name kNames[] = {
-    {"adam", kAdam, 2, false},         {"lamb", kAdam, 2, false},        {"ademamix", kAdemamix, 2, false},
-    {"momentum", kMomentum, 1, true},  {"lars", kMomentum, 1, true},     {"rmsprop", kRmsprop, 1, true},
-    {"adagrad", kAdagrad, 1, true},    {"lion", kLion, 1, true},
+    {"adam", kAdam, 2, false},        {"lamb", kAdam, 2, false},    {"ademamix", kAdemamix, 2, false},
+    {"momentum", kMomentum, 1, true}, {"lars", kMomentum, 1, true}, {"rmsprop", kRmsprop, 1, true},
+    {"adagrad", kAdagrad, 1, true},   {"lion", kLion, 1, true},
 };
 
 const Name& lookup(const std::string& name) {
   for (const auto& n : kNames)
     if (name == n.name) return n;
-  throw std::invalid_argument("optimizer_name must be one of adam, momentum, rmsprop, lion, adagrad, ademamix, "
-                              "lamb, lars; got '" + name + "'");
+  throw std::invalid_argument(
+      "optimizer_name must be one of adam, momentum, rmsprop, lion, adagrad, ademamix, "
+      "lamb, lars; got '" +
+      name + "'");
 }
 
 // The step's scalars, computed as the reference computes them: in double (Python floats), then rounded
@@ -94,9 +96,7 @@ int sweep_keys(NearestCode& m, int shift, uint32_t floor_bits, bool fill, int* f
       if (negative) threshold ^= low_mask;
       widest = std::max(widest, 1);
     }
-    if (fill)
-      m.entry[k + (negative ? keys : 0)] =
-          uint32_t(lo) | (flag ? 0x100u : 0u) | (threshold << (32 - shift));
+    if (fill) m.entry[k + (negative ? keys : 0)] = uint32_t(lo) | (flag ? 0x100u : 0u) | (threshold << (32 - shift));
   };
   for (int k = keys - 1; k >= 0; --k) visit(k, true);  // -1 .. -0
   for (int k = 0; k < keys; ++k) visit(k, false);      // +0 .. 1
@@ -221,7 +221,8 @@ BNB_BINDINGS(optimizers) {
           const float* q2 = nullptr;
           if (opt.states == 2) {
             if (!state2 || !qmap2 || !absmax2)
-              throw std::invalid_argument("optimizer '" + name + "' keeps two states; state2, qmap2 and absmax2 "
+              throw std::invalid_argument("optimizer '" + name +
+                                          "' keeps two states; state2, qmap2 and absmax2 "
                                           "must be given");
             s2 = u8(*state2, "state2", n);
             a2 = f32(*absmax2, "absmax2", blocks);

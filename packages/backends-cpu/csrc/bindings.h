@@ -17,7 +17,7 @@ struct BindingRegistrar {
 
 }  // namespace bnb
 
-#define BNB_BINDINGS(family)                                               \
-  static void bnb_bind_##family(nanobind::module_& m);                     \
+#define BNB_BINDINGS(family)                                                 \
+  static void bnb_bind_##family(nanobind::module_& m);                       \
   static ::bnb::BindingRegistrar bnb_registrar_##family(&bnb_bind_##family); \
   static void bnb_bind_##family(nanobind::module_& m)

@@ -56,7 +56,7 @@ inline uint16_t float_to_f16(float f) {
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN
-  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);                       // overflow -> inf
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);                        // overflow -> inf
   if (a < 0x38800000u) {
     // Result is subnormal (or zero): scale so the float adder does the rounding.
     float v = bits_to_float(a) + 0.5f;  // 0.5 = 2^-1: ulp of v is 2^-24, the f16 subnormal step
@@ -67,32 +67,41 @@ inline uint16_t float_to_f16(float f) {
   return uint16_t(sign | uint16_t(a >> 13));
 }
 
-template <DType D> struct Elem;
-template <> struct Elem<DType::f32> {
+template <DType D>
+struct Elem;
+template <>
+struct Elem<DType::f32> {
   using T = float;
   static float load(T v) { return v; }
   static T store(float v) { return v; }
 };
-template <> struct Elem<DType::f16> {
+template <>
+struct Elem<DType::f16> {
   using T = uint16_t;
   static float load(T v) { return f16_to_float(v); }
   static T store(float v) { return float_to_f16(v); }
 };
-template <> struct Elem<DType::bf16> {
+template <>
+struct Elem<DType::bf16> {
   using T = uint16_t;
   static float load(T v) { return bf16_to_float(v); }
   static T store(float v) { return float_to_bf16(v); }
 };
 
-template <DType D> using DTypeTag = std::integral_constant<DType, D>;
+template <DType D>
+using DTypeTag = std::integral_constant<DType, D>;
 
 // Calls fn(DTypeTag<D>{}) with the DType known at compile time:
 //   visit_dtype(d, [&](auto tag) { constexpr DType D = decltype(tag)::value; ... });
-template <class Fn> decltype(auto) visit_dtype(DType d, Fn&& fn) {
+template <class Fn>
+decltype(auto) visit_dtype(DType d, Fn&& fn) {
   switch (d) {
-    case DType::f16: return fn(DTypeTag<DType::f16>{});
-    case DType::bf16: return fn(DTypeTag<DType::bf16>{});
-    default: return fn(DTypeTag<DType::f32>{});
+    case DType::f16:
+      return fn(DTypeTag<DType::f16>{});
+    case DType::bf16:
+      return fn(DTypeTag<DType::bf16>{});
+    default:
+      return fn(DTypeTag<DType::f32>{});
   }
 }
 
@@ -105,13 +114,33 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
 
 // Declares the same functions in every ISA namespace this build compiles (see CMakeLists.txt).
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
-#define BNB_FOR_EACH_ISA(DECLS)          \
-  namespace bnb { namespace scalar { DECLS } \
-  namespace avx2 { DECLS } namespace avx512 { DECLS } }
+#define BNB_FOR_EACH_ISA(DECLS) \
+  namespace bnb {               \
+  namespace scalar {            \
+  DECLS                         \
+  }                             \
+  namespace avx2 {              \
+  DECLS                         \
+  }                             \
+  namespace avx512 {            \
+  DECLS                         \
+  }                             \
+  }
 #elif defined(__aarch64__) || defined(_M_ARM64)
 #define BNB_FOR_EACH_ISA(DECLS) \
-  namespace bnb { namespace scalar { DECLS } namespace neon { DECLS } }
+  namespace bnb {               \
+  namespace scalar {            \
+  DECLS                         \
+  }                             \
+  namespace neon {              \
+  DECLS                         \
+  }                             \
+  }
 #else
 #define BNB_FOR_EACH_ISA(DECLS) \
-  namespace bnb { namespace scalar { DECLS } }
+  namespace bnb {               \
+  namespace scalar {            \
+  DECLS                         \
+  }                             \
+  }
 #endif

@@ -63,10 +63,14 @@ std::atomic<int>& active() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
-    case Isa::neon: return "neon";
-    default: return "scalar";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
+    case Isa::neon:
+      return "neon";
+    default:
+      return "scalar";
   }
 }
 

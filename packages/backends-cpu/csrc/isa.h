@@ -20,19 +20,27 @@ void set_active_isa(const std::string& name);
 
 // Calls the kernel `fn` of the active ISA namespace with the given arguments.
 #if defined(BNB_HAVE_AVX512) || defined(BNB_HAVE_AVX2)
-#define BNB_DISPATCH(fn, ...)                                          \
-  do {                                                                 \
-    switch (::bnb::active_isa()) {                                     \
-      case ::bnb::Isa::avx512: ::bnb::avx512::fn(__VA_ARGS__); break;  \
-      case ::bnb::Isa::avx2: ::bnb::avx2::fn(__VA_ARGS__); break;      \
-      default: ::bnb::scalar::fn(__VA_ARGS__); break;                  \
-    }                                                                  \
+#define BNB_DISPATCH(fn, ...)           \
+  do {                                  \
+    switch (::bnb::active_isa()) {      \
+      case ::bnb::Isa::avx512:          \
+        ::bnb::avx512::fn(__VA_ARGS__); \
+        break;                          \
+      case ::bnb::Isa::avx2:            \
+        ::bnb::avx2::fn(__VA_ARGS__);   \
+        break;                          \
+      default:                          \
+        ::bnb::scalar::fn(__VA_ARGS__); \
+        break;                          \
+    }                                   \
   } while (0)
 #elif defined(BNB_HAVE_NEON)
-#define BNB_DISPATCH(fn, ...)                                                                            \
-  do {                                                                                                   \
-    if (::bnb::active_isa() == ::bnb::Isa::neon) ::bnb::neon::fn(__VA_ARGS__);                           \
-    else ::bnb::scalar::fn(__VA_ARGS__);                                                                 \
+#define BNB_DISPATCH(fn, ...)                    \
+  do {                                           \
+    if (::bnb::active_isa() == ::bnb::Isa::neon) \
+      ::bnb::neon::fn(__VA_ARGS__);              \
+    else                                         \
+      ::bnb::scalar::fn(__VA_ARGS__);            \
   } while (0)
 #else
 #define BNB_DISPATCH(fn, ...) ::bnb::scalar::fn(__VA_ARGS__)

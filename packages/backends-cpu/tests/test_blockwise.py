@@ -18,21 +18,16 @@ _C = importlib.import_module("bitsandbytes_cpu._C")
 ops = torch.ops.bitsandbytes
 ISAS = _C.supported_isas()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# (isa, vbmi): every quantize route this build and CPU can run (VBMI only on top of avx512).
-HAS_VBMI = "avx512" in ISAS and _C.blockwise_has_vbmi()
-PATHS = [(name, False) for name in ISAS] + ([("avx512", True)] if HAS_VBMI else [])
 
 
 @contextlib.contextmanager
-def isa(name: str, vbmi: bool = False):
+def isa(name: str):
     before = _C.isa()
     _C.set_isa(name)
-    _C.blockwise_set_vbmi(vbmi)
     try:
         yield
     finally:
         _C.set_isa(before)
-        _C.blockwise_set_vbmi(True)
 
 
 def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -79,10 +74,10 @@ def test_quantize_matches_reference_at_every_isa(map_name, dtype):
     for blocksize, n in [(32, 4096 + 17), (64, 2048 + 100), (256, 3000), (4096, 8192 + 4000)]:
         x = sample(n, dtype, code, seed=n)
         want_q, want_absmax = ref.quantize_blockwise(x, code, blocksize)
-        for name, vbmi in PATHS:
-            with isa(name, vbmi):
+        for name in ISAS:
+            with isa(name):
                 q, absmax = ops.quantize_blockwise(x, code, blocksize)
-            assert torch.equal(q, want_q), (name, vbmi, blocksize, n)
+            assert torch.equal(q, want_q), (name, blocksize, n)
             assert_same(absmax, want_absmax)
 
 
@@ -119,15 +114,13 @@ def test_results_do_not_depend_on_the_thread_count():
             assert_same(a, b)
 
 
-@pytest.mark.parametrize(("name", "vbmi"), PATHS, ids=str)
-def test_unaligned_output_and_vbmi_switch(name, vbmi):
-    # The VBMI route streams its stores when the output is 64-byte aligned and stores plainly when not.
+@pytest.mark.parametrize("name", ISAS)
+def test_unaligned_output(name):
     code = maps()["dynamic"]
     x = sample(64 * 1024 + 100, torch.float32, code, seed=9)
     want_q, want_absmax = ref.quantize_blockwise(x, code, 256)
     buf, absmax = torch.empty(x.numel() + 1, dtype=torch.uint8), torch.empty(want_absmax.numel())
-    with isa(name, vbmi):
-        assert _C.blockwise_has_vbmi() == (HAS_VBMI and vbmi)
+    with isa(name):
         for q in (buf[:-1], buf[1:]):
             _C.quantize_blockwise(x, code, 256, q, absmax, 2)
             assert torch.equal(q, want_q)

@@ -18,18 +18,22 @@ namespace BNB_ISA_NS {
 // |x| as an unsigned integer orders like |x| as a float, and every NaN sorts above inf. So the block
 // absmax is an integer max of the magnitude bits (no float compares, no NaN special cases in the
 // loop), then one test against the bits of inf.
-template <DType D> struct Magnitude;
-template <> struct Magnitude<DType::f32> {
+template <DType D>
+struct Magnitude;
+template <>
+struct Magnitude<DType::f32> {
   using U = uint32_t;
   static constexpr U mask = 0x7fffffffu, inf = 0x7f800000u;
   static float to_float(U u) { return bits_to_float(u); }
 };
-template <> struct Magnitude<DType::f16> {
+template <>
+struct Magnitude<DType::f16> {
   using U = uint16_t;
   static constexpr U mask = 0x7fffu, inf = 0x7c00u;
   static float to_float(U u) { return f16_to_float(u); }
 };
-template <> struct Magnitude<DType::bf16> {
+template <>
+struct Magnitude<DType::bf16> {
   using U = uint16_t;
   static constexpr U mask = 0x7fffu, inf = 0x7f80u;
   static float to_float(U u) { return bf16_to_float(u); }
@@ -155,9 +159,11 @@ inline void absmax16(const typename Elem<D>::T* x, int64_t blocksize, float* abs
   // Transpose tree: after it, element i holds the max of r[i].
   __m512i t[8], u[4], w[2];
   for (int p = 0; p < 8; ++p)
-    t[p] = _mm512_max_epu32(_mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]), _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]));
+    t[p] =
+        _mm512_max_epu32(_mm512_unpacklo_epi32(r[2 * p], r[2 * p + 1]), _mm512_unpackhi_epi32(r[2 * p], r[2 * p + 1]));
   for (int p = 0; p < 4; ++p)
-    u[p] = _mm512_max_epu32(_mm512_unpacklo_epi64(t[2 * p], t[2 * p + 1]), _mm512_unpackhi_epi64(t[2 * p], t[2 * p + 1]));
+    u[p] =
+        _mm512_max_epu32(_mm512_unpacklo_epi64(t[2 * p], t[2 * p + 1]), _mm512_unpackhi_epi64(t[2 * p], t[2 * p + 1]));
   for (int p = 0; p < 2; ++p)
     w[p] = _mm512_max_epu32(_mm512_shuffle_i32x4(u[2 * p], u[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                             _mm512_shuffle_i32x4(u[2 * p], u[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
@@ -301,8 +307,8 @@ inline __m256i round16(__m512 v) {
     // so it would not match.)
     __m512i u = _mm512_castps_si512(v);
     __m512i hi = _mm512_srli_epi32(u, 16);
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                                 _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+    __m512i r =
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
     r = _mm512_srli_epi32(r, 16);
     r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
     return _mm512_cvtepi32_epi16(r);
@@ -341,8 +347,8 @@ inline void store8(typename Elem<D>::T* p, __m256 v) {
   } else {
     __m256i u = _mm256_castps_si256(v);
     __m256i hi = _mm256_srli_epi32(u, 16);
-    __m256i r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                                 _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+    __m256i r =
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
     r = _mm256_srli_epi32(r, 16);
     __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     r = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);

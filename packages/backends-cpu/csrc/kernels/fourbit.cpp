@@ -9,10 +9,10 @@ namespace {
 
 // The constants of one 4-bit format (bitsandbytes/formats.h).
 struct Format4 {
-  const float* table;   // value of each code
-  const float* mids;    // the 15 midpoints of the value-sorted table
-  const uint8_t* order; // code of each value-sorted slot
-  uint8_t pad;          // code of the padding value (odd element counts)
+  const float* table;    // value of each code
+  const float* mids;     // the 15 midpoints of the value-sorted table
+  const uint8_t* order;  // code of each value-sorted slot
+  uint8_t pad;           // code of the padding value (odd element counts)
 };
 
 inline Format4 format4(QuantType qt) {
@@ -58,15 +58,20 @@ struct Buckets4 {
       double l = b / double(K) - 1 - eps, h = (b + 1) / double(K) - 1 + eps;
       int below = 0, inside = 0, at = 0;
       for (int i = 0; i < 15; ++i) {
-        if (double(mids[i]) < l) ++below;
-        else if (double(mids[i]) <= h) ++inside, at = i;
+        if (double(mids[i]) < l)
+          ++below;
+        else if (double(mids[i]) <= h)
+          ++inside, at = i;
       }
       if (inside > 1) usable = false;
       // No midpoint inside: the slot is `below` for every s here; phrase it as lo + (s > mid) with
       // a midpoint every such s exceeds (or, below all midpoints, one that none does).
-      if (inside == 1) lo[b] = at, mid[b] = mids[at];
-      else if (below > 0) lo[b] = below - 1, mid[b] = mids[below - 1];
-      else lo[b] = 0, mid[b] = mids[0];
+      if (inside == 1)
+        lo[b] = at, mid[b] = mids[at];
+      else if (below > 0)
+        lo[b] = below - 1, mid[b] = mids[below - 1];
+      else
+        lo[b] = 0, mid[b] = mids[0];
     }
   }
 };
@@ -373,17 +378,16 @@ constexpr int64_t kStreamBytes = int64_t(16) << 20;
 
 }  // namespace
 
-void quantize_4bit(const void* A, DType dtype, int64_t n, QuantType qt, int64_t blocksize, uint8_t* out,
-                   float* absmax, int threads) {
+void quantize_4bit(const void* A, DType dtype, int64_t n, QuantType qt, int64_t blocksize, uint8_t* out, float* absmax,
+                   int threads) {
   if (n <= 0) return;
   int64_t blocks = (n + blocksize - 1) / blocksize;
   const Format4 f = format4(qt);
   visit_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* x = static_cast<const typename Elem<D>::T*>(A);
-    parallel_for(blocks, (1 << 16) / blocksize + 1, threads, [&](int64_t b0, int64_t b1) {
-      quantize_blocks<D>(x, n, f, blocksize, out, absmax, b0, b1);
-    });
+    parallel_for(blocks, (1 << 16) / blocksize + 1, threads,
+                 [&](int64_t b0, int64_t b1) { quantize_blocks<D>(x, n, f, blocksize, out, absmax, b0, b1); });
   });
 }
 

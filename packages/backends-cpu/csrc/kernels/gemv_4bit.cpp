@@ -68,8 +68,8 @@ inline void for_each_segment(int64_t base, int64_t K, int64_t blocksize, Seg&& s
 
 // Any alignment (odd K, rows starting mid-byte, blocks ending mid-row). A in natural layout.
 template <int R>
-void row_generic(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
-                 const float* code, const float* a, int64_t lda, float* res) {
+void row_generic(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
+                 const float* a, int64_t lda, float* res) {
   float acc_e[R], acc_o[R];
   for (int r = 0; r < R; ++r) acc_e[r] = acc_o[r] = 0.0f;
   for_each_segment(base, K, blocksize, [&](int64_t k, int64_t kend, int64_t b) {
@@ -202,8 +202,8 @@ bool cpu_has_avx512bf16() {
 
 template <int R>
 BNB_BF16_TARGET inline __attribute__((always_inline)) void bf16_step(const uint8_t* row, int64_t k, __m512i tab,
-                                                                       const uint16_t* a, int64_t lda,
-                                                                       __m512 (&acc)[R][2]) {
+                                                                     const uint16_t* a, int64_t lda,
+                                                                     __m512 (&acc)[R][2]) {
   const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2)));
   // vpermw reads the low 5 bits of each index: the table is stored twice, so the low nibble needs no mask.
   const __m512i wo = _mm512_permutexvar_epi16(w, tab);
@@ -252,8 +252,8 @@ BNB_BF16_TARGET void row_bf16(const uint8_t* B, int64_t base, int64_t K, const f
 
 // M == 1: two weight rows per pass share every load of A (A is re-read from cache once per row pair
 // instead of once per row; matters when a row of A no longer fits in L1, e.g. K = 11008).
-BNB_BF16_TARGET void row_pair_bf16(const uint8_t* B, int64_t base0, int64_t K, const float* absmax,
-                                   int64_t blocksize, const float* code, const uint16_t* a, float* res) {
+BNB_BF16_TARGET void row_pair_bf16(const uint8_t* B, int64_t base0, int64_t K, const float* absmax, int64_t blocksize,
+                                   const float* code, const uint16_t* a, float* res) {
   int shift = 0;
   while ((int64_t(1) << shift) < blocksize) ++shift;
   const int64_t base1 = base0 + K;
@@ -266,7 +266,7 @@ BNB_BF16_TARGET void row_pair_bf16(const uint8_t* B, int64_t base0, int64_t K, c
   e0[0][0] = e0[0][1] = o0[0][0] = o0[0][1] = e1[0][0] = e1[0][1] = o1[0][0] = o1[0][1] = _mm512_setzero_ps();
   int64_t cur0 = -1, cur1 = -1;
   __m512i tab0 = _mm512_setzero_si512(), tab1 = _mm512_setzero_si512();
-  auto chunk = [&](int64_t k, __m512 (&acc0)[1][2], __m512 (&acc1)[1][2]) BNB_BF16_TARGET {
+  auto chunk = [&](int64_t k, __m512(&acc0)[1][2], __m512(&acc1)[1][2]) BNB_BF16_TARGET {
     const int64_t b0 = (base0 + k) >> shift, b1 = (base1 + k) >> shift;
     if (b0 != cur0) tab0 = bf16_table(ctab, absmax[cur0 = b0]);
     if (b1 != cur1) tab1 = bf16_table(ctab, absmax[cur1 = b1]);
@@ -295,7 +295,7 @@ constexpr int kTileC = 4;  // weight rows per register tile (6 x 4 accumulators 
 
 // 64 bf16 of `src` de-interleaved: even positions to dst_e[0..32), odd to dst_o[0..32).
 BNB_BF16_TARGET inline __attribute__((always_inline)) void split64(const uint16_t* src, uint16_t* dst_e,
-                                                                     uint16_t* dst_o) {
+                                                                   uint16_t* dst_o) {
   const __m512i ie = _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24,
                                       22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i io = _mm512_add_epi16(ie, _mm512_set1_epi16(1));
@@ -347,8 +347,8 @@ BNB_BF16_TARGET void decode_rows_bf16(const uint8_t* B, int64_t n0, int64_t C, i
 // horizontal sums in res (last) or back in acc. Stored and reloaded fp32 accumulators are exact, so a
 // K split into pieces sums every lane in the same order as one pass.
 template <int R, int C>
-BNB_BF16_TARGET __attribute__((noinline)) void tile_bf16(const uint16_t* a, const uint16_t* wb, int64_t klen, __m512* accm, bool first,
-                               bool last, float (*res)[kTileC]) {
+BNB_BF16_TARGET __attribute__((noinline)) void tile_bf16(const uint16_t* a, const uint16_t* wb, int64_t klen,
+                                                         __m512* accm, bool first, bool last, float (*res)[kTileC]) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = first ? _mm512_setzero_ps() : accm[r * C + c];
@@ -362,8 +362,10 @@ BNB_BF16_TARGET __attribute__((noinline)) void tile_bf16(const uint16_t* a, cons
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
-      if (last) res[r][c] = _mm512_reduce_add_ps(acc[r][c]);
-      else accm[r * C + c] = acc[r][c];
+      if (last)
+        res[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+      else
+        accm[r * C + c] = acc[r][c];
     }
 }
 
@@ -371,18 +373,30 @@ template <int C>
 BNB_BF16_TARGET void tile_rows_bf16(int64_t R, const uint16_t* a, const uint16_t* wb, int64_t klen, __m512* accm,
                                     bool first, bool last, float (*res)[kTileC]) {
   switch (R) {
-    case 1: tile_bf16<1, C>(a, wb, klen, accm, first, last, res); break;
-    case 2: tile_bf16<2, C>(a, wb, klen, accm, first, last, res); break;
-    case 3: tile_bf16<3, C>(a, wb, klen, accm, first, last, res); break;
-    case 4: tile_bf16<4, C>(a, wb, klen, accm, first, last, res); break;
-    case 5: tile_bf16<5, C>(a, wb, klen, accm, first, last, res); break;
-    default: tile_bf16<kTileR, C>(a, wb, klen, accm, first, last, res); break;
+    case 1:
+      tile_bf16<1, C>(a, wb, klen, accm, first, last, res);
+      break;
+    case 2:
+      tile_bf16<2, C>(a, wb, klen, accm, first, last, res);
+      break;
+    case 3:
+      tile_bf16<3, C>(a, wb, klen, accm, first, last, res);
+      break;
+    case 4:
+      tile_bf16<4, C>(a, wb, klen, accm, first, last, res);
+      break;
+    case 5:
+      tile_bf16<5, C>(a, wb, klen, accm, first, last, res);
+      break;
+    default:
+      tile_bf16<kTileR, C>(a, wb, klen, accm, first, last, res);
+      break;
   }
 }
 
 // Measured on Zen 4 (1 MiB L2): one weight tile per group and whole-K passes (4096) beat smaller k-slices
 // (the accumulator store/reload per slice costs more than the L1 reuse gains).
-constexpr int64_t bf16_group_tiles = 1;  // weight tiles decoded together
+constexpr int64_t bf16_group_tiles = 1;           // weight tiles decoded together
 constexpr int64_t bf16_ablock_bytes = 512 << 10;  // rows of A per pass over the weights: this much bf16 A
 constexpr int64_t bf16_kblock = 4096;  // k per pass; larger K is split so an A block of many rows still fits in L2
 
@@ -396,54 +410,64 @@ BNB_BF16_TARGET void gemm_tiles_bf16(const uint16_t* a, int64_t M, int64_t N, in
   // Rows of A per pass over the weights: that block of A stays in L2 while the weights stream past.
   const int64_t mb = std::max<int64_t>(kTileR, (bf16_ablock_bytes / (2 * std::min(K, KB))) / kTileR * kTileR);
   for (int64_t mb0 = 0; mb0 < M; mb0 += mb)
-  parallel_for(groups, 1, threads, [&](int64_t g0, int64_t g1) BNB_BF16_TARGET {
-    std::vector<uint16_t> wbuf(size_t(rows * K));
-    std::vector<__m512> accbuf(size_t((mb / kTileR) * G * kTileR * kTileC));
-    float res[kTileR][kTileC];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t gn0 = g * rows, tiles = (std::min(N, gn0 + rows) - gn0 + kTileC - 1) / kTileC;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t n0 = gn0 + t * kTileC;
-        decode_rows_bf16(B, n0, std::min<int64_t>(kTileC, N - n0), K, absmax, blocksize, code,
-                         wbuf.data() + t * kTileC * K);
-      }
-      const int64_t mend = std::min(M, mb0 + mb);
-      for (int64_t k0 = 0; k0 < K; k0 += KB) {
-        const int64_t klen = std::min(KB, K - k0);
-        const bool first = k0 == 0, last = k0 + klen >= K;
-        for (int64_t m = mb0; m < mend; m += kTileR) {
-          const int64_t R = std::min<int64_t>(kTileR, mend - m);
-          const uint16_t* am = a + m * K + k0 * R;
-          for (int64_t t = 0; t < tiles; ++t) {
-            const int64_t n0 = gn0 + t * kTileC, C = std::min<int64_t>(kTileC, N - n0);
-            const uint16_t* wt = wbuf.data() + t * kTileC * K + k0 * C;
-            __m512* acc = accbuf.data() + (((m - mb0) / kTileR) * G + t) * kTileR * kTileC;
-            switch (C) {
-              case 1: tile_rows_bf16<1>(R, am, wt, klen, acc, first, last, res); break;
-              case 2: tile_rows_bf16<2>(R, am, wt, klen, acc, first, last, res); break;
-              case 3: tile_rows_bf16<3>(R, am, wt, klen, acc, first, last, res); break;
-              default: tile_rows_bf16<kTileC>(R, am, wt, klen, acc, first, last, res); break;
+    parallel_for(groups, 1, threads, [&](int64_t g0, int64_t g1) BNB_BF16_TARGET {
+      std::vector<uint16_t> wbuf(size_t(rows * K));
+      std::vector<__m512> accbuf(size_t((mb / kTileR) * G * kTileR * kTileC));
+      float res[kTileR][kTileC];
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t gn0 = g * rows, tiles = (std::min(N, gn0 + rows) - gn0 + kTileC - 1) / kTileC;
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t n0 = gn0 + t * kTileC;
+          decode_rows_bf16(B, n0, std::min<int64_t>(kTileC, N - n0), K, absmax, blocksize, code,
+                           wbuf.data() + t * kTileC * K);
+        }
+        const int64_t mend = std::min(M, mb0 + mb);
+        for (int64_t k0 = 0; k0 < K; k0 += KB) {
+          const int64_t klen = std::min(KB, K - k0);
+          const bool first = k0 == 0, last = k0 + klen >= K;
+          for (int64_t m = mb0; m < mend; m += kTileR) {
+            const int64_t R = std::min<int64_t>(kTileR, mend - m);
+            const uint16_t* am = a + m * K + k0 * R;
+            for (int64_t t = 0; t < tiles; ++t) {
+              const int64_t n0 = gn0 + t * kTileC, C = std::min<int64_t>(kTileC, N - n0);
+              const uint16_t* wt = wbuf.data() + t * kTileC * K + k0 * C;
+              __m512* acc = accbuf.data() + (((m - mb0) / kTileR) * G + t) * kTileR * kTileC;
+              switch (C) {
+                case 1:
+                  tile_rows_bf16<1>(R, am, wt, klen, acc, first, last, res);
+                  break;
+                case 2:
+                  tile_rows_bf16<2>(R, am, wt, klen, acc, first, last, res);
+                  break;
+                case 3:
+                  tile_rows_bf16<3>(R, am, wt, klen, acc, first, last, res);
+                  break;
+                default:
+                  tile_rows_bf16<kTileC>(R, am, wt, klen, acc, first, last, res);
+                  break;
+              }
+              if (last)
+                for (int64_t r = 0; r < R; ++r)
+                  for (int64_t c = 0; c < C; ++c)
+                    y[(m + r) * N + n0 + c] = float_to_bf16(res[r][c] + (bias ? bf16_to_float(bias[n0 + c]) : 0.0f));
             }
-            if (last)
-              for (int64_t r = 0; r < R; ++r)
-                for (int64_t c = 0; c < C; ++c)
-                  y[(m + r) * N + n0 + c] = float_to_bf16(res[r][c] + (bias ? bf16_to_float(bias[n0 + c]) : 0.0f));
           }
         }
       }
-    }
-  });
+    });
 }
 #endif
 
-int bf16_dot_mode = 1;  // gemv_4bit_bf16_dot(): 0 forces the fp32 path (tests)
+int bf16_dot_mode = 1;                     // gemv_4bit_bf16_dot(): 0 forces the fp32 path (tests)
 constexpr int64_t bf16_tile_min_rows = 8;  // M above this: gemm_tiles_bf16 (row_bf16 below: no packing, no tiles)
 
 template <int R>
 void row_dot(bool fast, const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
              const float* code, const float* a, int64_t lda, float* res) {
-  if (fast) row_fast<R>(B, base, K, absmax, blocksize, code, a, lda, res);
-  else row_generic<R>(B, base, K, absmax, blocksize, code, a, lda, res);
+  if (fast)
+    row_fast<R>(B, base, K, absmax, blocksize, code, a, lda, res);
+  else
+    row_generic<R>(B, base, K, absmax, blocksize, code, a, lda, res);
 }
 
 #if defined(BNB_ISA_AVX512)
@@ -464,8 +488,10 @@ inline __m256i bf16x16(__m512 x) {
 template <DType D>
 inline __m256i table16(const float* tab) {
   const __m512 t = _mm512_loadu_ps(tab);
-  if constexpr (D == DType::f16) return _mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  else return bf16x16(t);
+  if constexpr (D == DType::f16)
+    return _mm512_cvtps_ph(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  else
+    return bf16x16(t);
 }
 #endif
 
@@ -544,8 +570,7 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
         int64_t n = n0;
         for (; n + 2 <= n1; n += 2) {
           row_pair_bf16(B, n * K, K, absmax, blocksize, code, a, res);
-          for (int i = 0; i < 2; ++i)
-            y[n + i] = float_to_bf16(res[i] + (bias_t ? bf16_to_float(bias_t[n + i]) : 0.0f));
+          for (int i = 0; i < 2; ++i) y[n + i] = float_to_bf16(res[i] + (bias_t ? bf16_to_float(bias_t[n + i]) : 0.0f));
         }
         n0 = n;
       }
@@ -555,10 +580,18 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
           const int64_t R = std::min<int64_t>(kMaxRows, M - m);
           const uint16_t* am = a + m * K;
           switch (R) {
-            case 1: row_bf16<1>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
-            case 2: row_bf16<2>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
-            case 3: row_bf16<3>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
-            default: row_bf16<4>(B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            case 1:
+              row_bf16<1>(B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
+            case 2:
+              row_bf16<2>(B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
+            case 3:
+              row_bf16<3>(B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
+            default:
+              row_bf16<4>(B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
           }
           for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);
         }
@@ -585,10 +618,18 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
           const int64_t R = std::min<int64_t>(kMaxRows, M - m);
           const float* am = a + m * K;
           switch (R) {
-            case 1: row_dot<1>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
-            case 2: row_dot<2>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
-            case 3: row_dot<3>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
-            default: row_dot<4>(fast, B, n * K, K, absmax, blocksize, code, am, K, res); break;
+            case 1:
+              row_dot<1>(fast, B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
+            case 2:
+              row_dot<2>(fast, B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
+            case 3:
+              row_dot<3>(fast, B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
+            default:
+              row_dot<4>(fast, B, n * K, K, absmax, blocksize, code, am, K, res);
+              break;
           }
           for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = Elem<D>::store(res[r] + bn);
         }

@@ -58,8 +58,7 @@ struct LocalFlags {
 
 // Scalar row absmax over [k0, K), continuing from (m, nan); outliers marked and left out.
 template <DType D, bool OUTL>
-void absmax_tail(const typename Elem<D>::T* x, int64_t k0, int64_t K, float thr, float& m, bool& nan,
-                 LocalFlags& lf) {
+void absmax_tail(const typename Elem<D>::T* x, int64_t k0, int64_t K, float thr, float& m, bool& nan, LocalFlags& lf) {
   for (int64_t k = k0; k < K; ++k) {
     float a = std::fabs(Elem<D>::load(x[k]));
     if (OUTL && a >= thr) {
@@ -117,7 +116,9 @@ inline void store16(typename Elem<D>::T* p, __m512 v, __mmask16 m) {
   }
 }
 
-inline __m512 abs16(__m512 v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff))); }
+inline __m512 abs16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
+}
 
 inline __m128i codes16(__m512 x, __m512 s) {
   __m512 v = _mm512_mul_ps(x, s);
@@ -579,9 +580,9 @@ TileTable<MR, NR> make_table() {
   return t;
 }
 
-#define BNB_TILE_WRAPPER(name, fn)                                          \
-  template <int MR, int NR>                                                 \
-  struct name {                                                             \
+#define BNB_TILE_WRAPPER(name, fn)                                                                           \
+  template <int MR, int NR>                                                                                  \
+  struct name {                                                                                              \
     static void run(const int8_t* A, const int8_t* B, int64_t K, int32_t* out) { fn<MR, NR>(A, B, K, out); } \
   };
 BNB_TILE_WRAPPER(PortableTile, tile_portable)

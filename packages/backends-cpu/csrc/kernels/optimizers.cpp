@@ -138,20 +138,30 @@ template <class Fn>
 void visit_step(const OptStep& c, Fn&& fn) {
   auto with_flags = [&](auto rule) {
     if (c.weight_decay) {
-      if (c.skip_zeros) fn(rule, std::true_type{}, std::true_type{});
-      else fn(rule, std::true_type{}, std::false_type{});
+      if (c.skip_zeros)
+        fn(rule, std::true_type{}, std::true_type{});
+      else
+        fn(rule, std::true_type{}, std::false_type{});
     } else {
-      if (c.skip_zeros) fn(rule, std::false_type{}, std::true_type{});
-      else fn(rule, std::false_type{}, std::false_type{});
+      if (c.skip_zeros)
+        fn(rule, std::false_type{}, std::true_type{});
+      else
+        fn(rule, std::false_type{}, std::false_type{});
     }
   };
   switch (c.rule) {
-    case kAdam: return with_flags(std::integral_constant<int, kAdam>{});
-    case kAdemamix: return with_flags(std::integral_constant<int, kAdemamix>{});
-    case kMomentum: return with_flags(std::integral_constant<int, kMomentum>{});
-    case kRmsprop: return with_flags(std::integral_constant<int, kRmsprop>{});
-    case kAdagrad: return with_flags(std::integral_constant<int, kAdagrad>{});
-    default: return with_flags(std::integral_constant<int, kLion>{});
+    case kAdam:
+      return with_flags(std::integral_constant<int, kAdam>{});
+    case kAdemamix:
+      return with_flags(std::integral_constant<int, kAdemamix>{});
+    case kMomentum:
+      return with_flags(std::integral_constant<int, kMomentum>{});
+    case kRmsprop:
+      return with_flags(std::integral_constant<int, kRmsprop>{});
+    case kAdagrad:
+      return with_flags(std::integral_constant<int, kAdagrad>{});
+    default:
+      return with_flags(std::integral_constant<int, kLion>{});
   }
 }
 
@@ -340,8 +350,8 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, const 
       __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
       __m256i bits = _mm256_castps_si256(s);
       __m256i neg = _mm256_srai_epi32(bits, 31);
-      __m256i key = _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor),
-                                     shift);
+      __m256i key =
+          _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
       key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
       __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(entry), key, 4);
       __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));

@@ -1,15 +1,15 @@
-// The branchless nearest-code search over 255 value-sorted float32 midpoints, with the midpoints held in
-// AVX-512 registers (the approach of the 8-bit quantize_blockwise kernel in blockwise.cpp, in a header so
-// other kernels can share it). Compiled into each ISA's translation units; the search itself is AVX-512 only.
+// The nearest-code search of the 8-bit map, shared by quantize_blockwise and the 8-bit optimizers.
 //
-// The slot of s is the number of midpoints below s. The search keeps the slot's top bits j found so far;
-// step k (0..7) compares s with mids[j * (256 >> k) + (128 >> k) - 1], then j = 2 j + (that midpoint < s).
-// `!(s <= m)` is `m < s` for numbers and true for NaN, so NaN takes the last slot (255).
+// The slot of s is the number of the map's 255 value-sorted float32 midpoints below s. The branchless
+// binary search keeps the slot's top bits j found so far; step k (0..7) compares s with
+// level[k][j] = mids[j * (256 >> k) + (128 >> k) - 1], then j = 2 j + (that midpoint < s).
+// `!(s <= m)` is `m < s` for numbers and true for NaN, so NaN takes the last slot (255), as the
+// reference does. Every ISA level runs exactly these compares, so the codes agree bit for bit.
 #pragma once
 
 #include "common.h"
 
-#if defined(BNB_ISA_AVX512)
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -17,27 +17,48 @@ namespace bnb {
 namespace BNB_ISA_NS {
 namespace search8 {
 
-// The midpoints rearranged by search step. Steps 6 and 7 go together: with j the 64 slot groups found by
-// steps 0-5, step 6 compares with b[j] = mids[4j + 1] and step 7 with a[j] = mids[4j] or c[j] = mids[4j + 2].
+// The midpoints by search step, plus (for AVX-512) step 7's table split into even and odd entries.
 struct Tables {
-  alignas(64) float l0[16], l1[16], l2[16], l3[16], l4[16], l5[32], a[64], b[64], c[64];
+  alignas(64) float l0[16], l1[16], l2[16], l3[16], l4[16], l5[32], l6[64], l7[128], even7[64], odd7[64];
   explicit Tables(const float* mids) {
-    float* ls[6] = {l0, l1, l2, l3, l4, l5};
-    for (int k = 0; k < 6; ++k) {
+    float* ls[8] = {l0, l1, l2, l3, l4, l5, l6, l7};
+    for (int k = 0; k < 8; ++k) {
       int width = 256 >> k, n = 1 << k;
       for (int j = 0; j < (n < 16 ? 16 : n); ++j) ls[k][j] = mids[(j < n ? j : 0) * width + width / 2 - 1];
     }
     for (int j = 0; j < 64; ++j) {
-      a[j] = mids[4 * j];
-      b[j] = mids[4 * j + 1];
-      c[j] = mids[4 * j + 2];
+      even7[j] = l7[2 * j];
+      odd7[j] = l7[2 * j + 1];
     }
   }
 };
 
+inline int slot(const Tables& t, float s) {
+  int j = int(!(s <= t.l0[0]));
+  j = 2 * j + int(!(s <= t.l1[j]));
+  j = 2 * j + int(!(s <= t.l2[j]));
+  j = 2 * j + int(!(s <= t.l3[j]));
+  j = 2 * j + int(!(s <= t.l4[j]));
+  j = 2 * j + int(!(s <= t.l5[j]));
+  j = 2 * j + int(!(s <= t.l6[j]));
+  return 2 * j + int(!(s <= t.l7[j]));
+}
+
+// Eight searches interleaved step by step: one search is a chain of dependent loads and compares, so a
+// lone search per element leaves the core idle (the scalar and NEON builds run this).
+inline void slots8(const Tables& t, const float* s, uint8_t* out) {
+  const float* ls[8] = {t.l0, t.l1, t.l2, t.l3, t.l4, t.l5, t.l6, t.l7};
+  int j[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k = 0; k < 8; ++k)
+    for (int v = 0; v < 8; ++v) j[v] = 2 * j[v] + int(!(s[v] <= ls[k][j[v]]));
+  for (int v = 0; v < 8; ++v) out[v] = uint8_t(j[v]);
+}
+
 #if defined(BNB_ISA_AVX512)
-// Steps 0-4 look up with vpermps (16 entries), step 5 with vpermt2ps (32), steps 6-7 with three 64-entry
-// lookups (two vpermt2ps and a blend each) that do not wait for step 6's outcome, shortening the chain.
+// All 255 midpoints live in registers. Steps 0-4 look up with vpermps (16 entries), step 5 with
+// vpermt2ps (32). Steps 6 and 7 go together: with j the 64 slot groups found so far, step 6 compares with
+// l6[j] and step 7 with even7[j] or odd7[j]; the three 64-entry lookups (two vpermt2ps and a blend each)
+// do not wait for step 6's outcome, which shortens the chain.
 struct Search {
   __m512 l0, l1, l2, l3, l4, l5[2], a[4], b[4], c[4];
   explicit Search(const Tables& t) {
@@ -48,9 +69,9 @@ struct Search {
     l4 = _mm512_load_ps(t.l4);
     for (int i = 0; i < 2; ++i) l5[i] = _mm512_load_ps(t.l5 + 16 * i);
     for (int i = 0; i < 4; ++i) {
-      a[i] = _mm512_load_ps(t.a + 16 * i);
-      b[i] = _mm512_load_ps(t.b + 16 * i);
-      c[i] = _mm512_load_ps(t.c + 16 * i);
+      a[i] = _mm512_load_ps(t.even7 + 16 * i);
+      b[i] = _mm512_load_ps(t.l6 + 16 * i);
+      c[i] = _mm512_load_ps(t.odd7 + 16 * i);
     }
   }
   static __m512 lookup64(const __m512* t, __m512i j, __mmask16 hi) {
@@ -80,6 +101,35 @@ struct Search {
       j[v] = _mm512_mask_add_epi32(j[v], up, j[v], two);
       j[v] = _mm512_mask_add_epi32(j[v], up2, j[v], one);
     }
+  }
+};
+#elif defined(BNB_ISA_AVX2)
+// Steps 0-3 look up with vpermps (8 entries), step 4 blends two of them, steps 5-7 gather from L1.
+struct Search {
+  const Tables& t;
+  __m256 l0, l1, l2, l3, l4[2];
+  explicit Search(const Tables& tables) : t(tables) {
+    l0 = _mm256_set1_ps(t.l0[0]);
+    l1 = _mm256_load_ps(t.l1);
+    l2 = _mm256_load_ps(t.l2);
+    l3 = _mm256_load_ps(t.l3);
+    l4[0] = _mm256_load_ps(t.l4);
+    l4[1] = _mm256_load_ps(t.l4 + 8);
+  }
+  static __m256i step(__m256i j, __m256 s, __m256 m) {
+    __m256i up = _mm256_castps_si256(_mm256_cmp_ps(s, m, _CMP_NLE_UQ));
+    return _mm256_sub_epi32(_mm256_add_epi32(j, j), up);  // up is 0 or -1
+  }
+  __m256i slot(__m256 s) const {
+    __m256i j = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_castps_si256(_mm256_cmp_ps(s, l0, _CMP_NLE_UQ)));
+    j = step(j, s, _mm256_permutevar8x32_ps(l1, j));
+    j = step(j, s, _mm256_permutevar8x32_ps(l2, j));
+    j = step(j, s, _mm256_permutevar8x32_ps(l3, j));
+    __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(j, 28));  // bit 3 -> sign, for blendv
+    j = step(j, s, _mm256_blendv_ps(_mm256_permutevar8x32_ps(l4[0], j), _mm256_permutevar8x32_ps(l4[1], j), hi));
+    j = step(j, s, _mm256_i32gather_ps(t.l5, j, 4));
+    j = step(j, s, _mm256_i32gather_ps(t.l6, j, 4));
+    return step(j, s, _mm256_i32gather_ps(t.l7, j, 4));
   }
 };
 #endif

@@ -8,7 +8,10 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import _ops, _reference, functional  # noqa: F401  (op definitions and default kernels)
+# Op definitions and default kernels first; then upstream's top-level names (bitsandbytes.nn,
+# .utils, .matmul, .matmul_4bit, .MatmulLtState).
+from . import _ops, _reference, functional, nn, utils  # noqa: F401
+from .autograd._functions import MatmulLtState, matmul, matmul_4bit  # noqa: F401
 from .backends import load_backends as _load_backends
 
 try:

@@ -1,0 +1,126 @@
+"""``matmul_4bit``: ``A @ W.T (+ bias)`` for a 4-bit quantized weight ``W``, with an input gradient.
+
+The weight is frozen: no gradient flows to the packed codes. Without autograd the product is one op
+(``gemv_4bit`` for a single row of A, ``gemm_4bit`` otherwise); with autograd, ``MatMul4Bit`` runs
+the same forward and, in backward, multiplies by the dequantized weight.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .. import _checks as c
+from .. import functional as F
+from .._functional.quant import _check_quant_state
+
+_ops = torch.ops.bitsandbytes
+
+
+def _gemm(A: torch.Tensor, B: torch.Tensor, qs: F.QuantState, bias: torch.Tensor | None) -> torch.Tensor:
+    if not qs.nested:
+        return _ops.gemm_4bit.default(A, B, qs.shape, qs.absmax, qs.blocksize, qs.quant_type, bias=bias)
+    return _ops.gemm_4bit.default(
+        A,
+        B,
+        qs.shape,
+        qs.state2.absmax,
+        qs.blocksize,
+        qs.quant_type,
+        bias=bias,
+        absmax_8bit=qs.absmax,
+        absmax_code=qs.state2.code,
+        absmax_offset=qs.offset.reshape(1).float(),
+    )
+
+
+def _empty_result(A: torch.Tensor, qs: F.QuantState) -> torch.Tensor:
+    return A.new_empty((*A.shape[:-1], qs.shape[0]))
+
+
+class MatMul4Bit(torch.autograd.Function):
+    """Forward ``A @ W.T + bias``; backward gives the gradients of ``A`` and ``bias`` (never of ``W``)."""
+
+    @staticmethod
+    def forward(ctx, A, B, out=None, bias=None, quant_state: F.QuantState | None = None):
+        ctx.state = quant_state
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.A_shape = A.shape
+        ctx.B = B if ctx.needs_input_grad[0] else None
+        if A.numel() == 0:
+            output = _empty_result(A, quant_state)
+        else:
+            output = _gemm(A, B.reshape(-1, 1), quant_state, bias)
+        if out is not None:
+            out.copy_(output)
+            ctx.mark_dirty(out)
+            return out
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        need_A, _, _, need_bias, _ = ctx.needs_input_grad
+        grad_A = grad_bias = None
+        if need_bias:
+            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0, dtype=ctx.bias_dtype)
+        if need_A:
+            if grad_output.numel() == 0:
+                grad_A = grad_output.new_zeros(ctx.A_shape)
+            else:
+                W = F.dequantize_4bit(ctx.B.reshape(-1, 1), ctx.state).to(grad_output.dtype)
+                grad_A = torch.matmul(grad_output, W)
+        return grad_A, None, None, grad_bias, None
+
+
+def matmul_4bit(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    quant_state: F.QuantState,
+    out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``A @ dequantize_4bit(B, quant_state).T + bias`` for a weight quantized from shape [N, K].
+
+    ``B`` is the packed weight in any view (``weight`` or ``weight.t()``); ``quant_state.shape`` is
+    the source of truth for N and K. ``bias`` must have A's dtype.
+    """
+    if quant_state is None:
+        raise ValueError("quant_state is required: pass the QuantState from quantize_4bit (weight.quant_state)")
+    qs = _check_quant_state("quant_state", quant_state)
+    if qs.shape is None or len(qs.shape) != 2:
+        raise ValueError(f"quant_state.shape must be the 2-D weight shape [N, K]; got {qs.shape}")
+    if not isinstance(A, torch.Tensor):
+        raise TypeError(f"A must be a torch.Tensor; got {type(A).__name__}")
+    N, K = qs.shape
+    if A.dim() > 0 and A.shape[-1] == N and N != K:
+        # Upstream accepts a weight quantized in [K, N] orientation with a deprecation warning.
+        warnings.warn(
+            f"matmul_4bit: the weight was quantized from a [K, N] tensor (quant_state.shape={list(qs.shape)}); "
+            "quantize the [N, K] (out_features, in_features) weight instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        W = F.dequantize_4bit(B.reshape(-1, 1), qs).to(A.dtype)
+        result = torch.nn.functional.linear(A, W.t(), bias)
+        return out.copy_(result) if out is not None else result
+
+    needs_grad = torch.is_grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad))
+    if needs_grad:
+        return MatMul4Bit.apply(A, B, out, bias, qs)
+
+    B = B.reshape(-1, 1)
+    if bias is not None:
+        c.dtype("bias", bias, (A.dtype,))
+    if A.numel() == 0:
+        result = _empty_result(A, qs)
+    elif A.numel() == A.shape[-1]:  # one row: the inference (token-by-token decoding) fast path
+        result = F.gemv_4bit(A, B, state=qs)
+        if bias is not None:
+            result = result.add_(bias)
+    else:
+        result = _gemm(A, B, qs, bias)
+    return out.copy_(result) if out is not None else result
+
+
+MatMul4Bit.__module__ = "bitsandbytes.autograd._functions"
