@@ -8,9 +8,9 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 
 from importlib.metadata import PackageNotFoundError, version
 
-# Op definitions and default kernels first; then upstream's top-level names (bitsandbytes.nn,
+# Op definitions and default kernels first; then upstream's top-level names (bitsandbytes.nn, .optim,
 # .utils, .matmul, .matmul_4bit, .MatmulLtState).
-from . import _ops, _reference, functional, nn, utils  # noqa: F401
+from . import _ops, _reference, functional, nn, optim, utils  # noqa: F401
 from .autograd._functions import MatmulLtState, matmul, matmul_4bit  # noqa: F401
 from .backends import load_backends as _load_backends
 

@@ -10,7 +10,9 @@ from ._functional.maps import *  # noqa: F403
 from ._functional.maps import __all__ as _maps_all
 from ._functional.optim import *  # noqa: F403
 from ._functional.optim import __all__ as _optim_all
+from ._functional.paged import *  # noqa: F403
+from ._functional.paged import __all__ as _paged_all
 from ._functional.quant import *  # noqa: F403
 from ._functional.quant import __all__ as _quant_all
 
-__all__ = [*_maps_all, *_quant_all, *_int8_all, *_optim_all]
+__all__ = [*_maps_all, *_quant_all, *_int8_all, *_optim_all, *_paged_all]
