@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    parser.add_argument("--rank", type=int, default=32, help="LoRA rank")
     parser.add_argument("--steps", type=int, default=200, help="most training steps")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-3)
@@ -113,8 +113,8 @@ def main() -> None:
 
     losses: list[float] = []
     trace_train = None
-    exact, train_s, step = exact0, 0.0, 0
-    bar = tqdm(range(args.steps), desc="QLoRA training", unit="step", file=sys.stdout, dynamic_ncols=True)
+    exact, train_s = exact0, 0.0
+    bar = tqdm(range(args.steps), desc="QLoRA training", unit="step", file=sys.stdout, mininterval=0.5)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)

@@ -9,7 +9,7 @@ import torch
 import bitsandbytes as bnb
 from bitsandbytes.backends import records
 from bitsandbytes.diagnostics.op_trace import OpTrace
-from bitsandbytes.diagnostics.report import table  # noqa: F401  (re-exported for demo.py)
+from bitsandbytes.diagnostics.report import table
 
 
 def nbytes(*tensors: torch.Tensor) -> int:
