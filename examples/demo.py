@@ -150,6 +150,7 @@ def main() -> None:
     state_8bit = report.optimizer_state_bytes(optimizer)
     state_32bit = report.adamw32_state_bytes(trainable)
     n_trainable = sum(p.numel() for p in trainable)
+    paging = "paged" if report.is_paged(optimizer) else f"unpaged: no managed memory on {args.device}"
 
     print("\nreport")
     rows = [
@@ -164,6 +165,7 @@ def main() -> None:
     print("\n".join(report.table(("", "full precision", "bitsandbytes"), rows)))
     print(f"  training: {steps} steps in {train_s:.1f} s, {steps / train_s:.2f} steps/s (batch {args.batch})")
     print(f"  loss: {loss0:.3f} before, {loss1:.3f} after; exact continuations {exact0:.0%} -> {exact1:.0%}")
+    print(f"  optimizer state memory: {paging}")
     print(f"  loss curve: {args.plot}")
     print("\nbitsandbytes ops in one training step (forward, backward, optimizer):")
     print("\n".join(report.op_lines(trace_train)))

@@ -38,6 +38,11 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(nbytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
 
 
+def is_paged(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether any state tensor lives in paged (managed) memory; devices without it get ordinary memory."""
+    return any(getattr(v, "is_paged", False) for state in optimizer.state.values() for v in state.values())
+
+
 def adamw32_state_bytes(params: list[torch.nn.Parameter]) -> int:
     """What bitsandbytes' 32-bit AdamW holds for the same parameters: measured on copies after one step."""
     copies = [torch.zeros_like(p, requires_grad=True) for p in params]
