@@ -6,19 +6,12 @@ from __future__ import annotations
 import peft
 import pytest
 import torch
-from tiny_llama import VOCAB, load_quantized
+from tiny_llama import ATTENTION, VOCAB, load_quantized, pattern_batch
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 STEPS = 12
-
-
-def pattern_batch():
-    """A sequence the model can learn: each token is the previous one plus 1 (mod a small range)."""
-    start = torch.arange(4)[:, None] * 3 + 3
-    return (start + torch.arange(16)[None, :]) % 40 + 3
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +121,49 @@ def test_merge_and_unload(trained):
         return ((a - b).norm() / b.norm()).item()
 
     assert dist(got, adapted) < 0.5 * dist(unadapted, adapted)
+
+
+def test_lora_on_the_8bit_model_trains_and_merges(checkpoint):
+    """The LLM.int8() variant: PEFT's Linear8bitLt LoRA layer, backward through the int8 matmul."""
+    torch.manual_seed(0)
+    model = peft.prepare_model_for_kbit_training(load_quantized(checkpoint, "int8"))
+    eightbit = {n: m for n, m in model.named_modules() if type(m) is bnb.nn.Linear8bitLt}
+    base = {n: (m.weight.data.clone(), m.weight.SCB.clone()) for n, m in eightbit.items()}
+    config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ATTENTION, task_type="CAUSAL_LM")
+    model = peft.get_peft_model(model, config)
+    optimizer = bnb.optim.PagedAdamW8bit([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = pattern_batch()
+    losses = []
+    for _ in range(STEPS):
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.8 * losses[0]
+    for name, module in eightbit.items():  # the same module objects, now wrapped by PEFT
+        assert torch.equal(module.weight.data, base[name][0]), name
+        # Upstream moves the scales to module.state on the first forward and clears weight.SCB; ours keeps
+        # them on the weight. Either way they are unchanged.
+        scales = module.weight.SCB if module.weight.SCB is not None else module.state.SCB
+        assert torch.equal(scales, base[name][1]), name
+
+    # Merging dequantizes (codes * SCB / 127), adds the delta and requantizes through Int8Params(...).to().
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    weight = q.base_layer.weight
+    scales = weight.SCB if weight.SCB is not None else q.base_layer.state.SCB
+    merged_fp = F.int8_vectorwise_dequant(weight.data, scales) + q.get_delta_weight("default")
+    codes, scb, _ = F.int8_vectorwise_quant(merged_fp.half())
+    model.eval()
+    with torch.no_grad():
+        adapted = model(input_ids=batch).logits
+    with pytest.warns(UserWarning, match="Merge lora module to 8-bit"):
+        merged = model.merge_and_unload()
+    layer = merged.model.layers[0].self_attn.q_proj
+    assert type(layer) is bnb.nn.Linear8bitLt and type(layer.weight).__name__ == "Int8Params"
+    assert torch.equal(layer.weight.data, codes)
+    assert torch.equal(layer.weight.SCB, scb)
+    with torch.no_grad():
+        got = merged(input_ids=batch).logits
+    assert ((got - adapted).norm() / adapted.norm()).item() < 0.05

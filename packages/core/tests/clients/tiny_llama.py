@@ -74,3 +74,12 @@ def load_quantized(path, name):
     return transformers.AutoModelForCausalLM.from_pretrained(
         path, quantization_config=config, dtype=dtype, device_map="cpu"
     ).eval()
+
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def pattern_batch():
+    """A sequence the model can learn: each token is the previous one plus 1 (mod a small range)."""
+    start = torch.arange(4)[:, None] * 3 + 3
+    return (start + torch.arange(16)[None, :]) % 40 + 3
