@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_llama import CONFIGS, OUTLIER_DIM, PROJECTIONS, load_dense, load_quantized, transformers
+from tiny_llama import CONFIGS, OUTLIER_DIM, PROJECTIONS, load_dense, load_quantized, same_bytes, transformers
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
 # Relative RMS error of the logits against the dense fp32 model. Measured with upstream 0.50.2 on this
 # model: nf4 0.165 (bf16 and fp32), fp4 0.216, int8 0.015; the bounds leave about 2x headroom.
-LOGIT_REL_ERR = {"nf4-dq-bf16": 0.3, "nf4-dq-fp32": 0.3, "fp4": 0.4, "int8": 0.03}
+LOGIT_REL_ERR = {"nf4-dq-bf16": 0.3, "nf4-dq-bf16-storage": 0.3, "nf4-dq-fp32": 0.3, "fp4": 0.4, "int8": 0.03}
 
 
 def rel_err(a, b):
@@ -67,15 +67,17 @@ def test_weights_are_the_functional_quantization_of_the_checkpoint(quantized, de
             assert torch.equal(module.weight.SCB, scb), module_name
             continue
         # The checkpoint is cast to the model dtype first, then quantized with the config's settings.
+        storage = kwargs.get("bnb_4bit_quant_storage", torch.uint8)
         packed, state = F.quantize_4bit(
             w.to(dtype),
             blocksize=64,
             quant_type=kwargs["bnb_4bit_quant_type"],
             compress_statistics=kwargs.get("bnb_4bit_use_double_quant", False),
+            quant_storage=storage,
         )
         qs = module.weight.quant_state
-        assert module.weight.dtype == torch.uint8
-        assert torch.equal(module.weight.data, packed), module_name
+        assert module.weight.dtype == storage
+        assert same_bytes(module.weight.data, packed), module_name
         assert qs.quant_type == kwargs["bnb_4bit_quant_type"] and qs.blocksize == 64
         assert qs.dtype == dtype and tuple(qs.shape) == tuple(w.shape)
         assert torch.equal(F.dequantize_4bit(module.weight.data, qs), F.dequantize_4bit(packed, state)), module_name
@@ -136,8 +138,15 @@ def test_greedy_generate_is_argmax_of_full_forward(quantized, input_ids):
 
 
 def test_save_pretrained_reload_identical_logits(quantized, input_ids, tmp_path):
+    """Used, then saved, then reloaded: the same weights and bit-identical logits.
+
+    Upstream 0.50.2 fails this on CPU for every 4-bit config: its first eval forward repacks the weight
+    in place, so the checkpoint saved afterwards reloads to different logits (with bf16 quant_storage the
+    weight even comes back as uint8). Saving before any forward passes there."""
     name, model = quantized
     kwargs, dtype = CONFIGS[name]
+    with torch.no_grad():
+        expected = model(input_ids).logits
     model.save_pretrained(tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
     q = "model.layers.0.self_attn.q_proj."
@@ -150,15 +159,14 @@ def test_save_pretrained_reload_identical_logits(quantized, input_ids, tmp_path)
         if kwargs.get("bnb_4bit_use_double_quant"):
             keys |= {"weight.nested_absmax", "weight.nested_quant_map"}
         assert {k[len(q) :] for k in saved if k.startswith(q)} == keys
-        assert saved[q + "weight"].dtype == torch.uint8
+        assert saved[q + "weight"].dtype == kwargs.get("bnb_4bit_quant_storage", torch.uint8)
 
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype, device_map="cpu").eval()
     before_modules, after_modules = quantized_linears(model), quantized_linears(reloaded)
     for module_name, before in before_modules.items():
         after = after_modules[module_name]
         assert type(after) is type(before)
-        assert torch.equal(after.weight.data, before.weight.data), module_name
+        assert same_bytes(after.weight.data, before.weight.data), module_name
     with torch.no_grad():
-        expected = model(input_ids).logits
         got = reloaded(input_ids).logits
     assert torch.equal(got, expected)

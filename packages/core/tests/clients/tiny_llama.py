@@ -31,6 +31,17 @@ CONFIGS = {
         ),
         torch.float32,
     ),
+    # FSDP-QLoRA's layout: the packed codes stored in a bf16 tensor (a view of the same bytes).
+    "nf4-dq-bf16-storage": (
+        dict(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+            bnb_4bit_quant_storage=torch.bfloat16,
+        ),
+        torch.bfloat16,
+    ),
     "fp4": (dict(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype=torch.float32), torch.float32),
     "int8": (dict(load_in_8bit=True, llm_int8_threshold=6.0), torch.float32),
 }
@@ -83,3 +94,9 @@ def pattern_batch():
     """A sequence the model can learn: each token is the previous one plus 1 (mod a small range)."""
     start = torch.arange(4)[:, None] * 3 + 3
     return (start + torch.arange(16)[None, :]) % 40 + 3
+
+
+def same_bytes(a, b) -> bool:
+    """Bit-equal tensors. Packed 4-bit codes may be stored in a float dtype (bf16 quant_storage), where some
+    byte patterns are NaNs that torch.equal would call unequal."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
