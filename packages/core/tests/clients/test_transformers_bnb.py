@@ -12,6 +12,7 @@ from tiny_llama import CONFIGS, OUTLIER_DIM, PROJECTIONS, load_dense, load_quant
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
+from bitsandbytes.diagnostics.op_trace import trace_ops
 
 # Relative RMS error of the logits against the dense fp32 model. Measured with upstream 0.50.2 on this
 # model: nf4 0.165 (bf16 and fp32), fp4 0.216, int8 0.015; the bounds leave about 2x headroom.
@@ -117,20 +118,26 @@ def test_int8_outlier_path_is_exercised(checkpoint, input_ids):
     assert module.state.threshold == 6.0
 
 
-def test_greedy_generate_is_argmax_of_full_forward(quantized, input_ids):
+@pytest.mark.parametrize("rows", [2, 1])
+def test_greedy_generate_is_argmax_of_full_forward(quantized, input_ids, rows):
     """generate() with its KV cache picks, at each step, the argmax of a cache-free forward over the prefix
-    (ties within rounding of the compute dtype allowed)."""
+    (ties within rounding of the compute dtype allowed). One row decodes a single token per step: the
+    4-bit layers then take the matrix-vector route (gemv_4bit), two rows the matrix-matrix one."""
     name, model = quantized
+    prompt = input_ids[:rows]
     new = 6
+    with torch.no_grad(), trace_ops() as trace:
+        out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    assert out.shape == (rows, prompt.shape[1] + new)
+    assert torch.equal(out[:, : prompt.shape[1]], prompt)
+    if name != "int8":
+        assert ("gemv_4bit" in trace.ops()) == (rows == 1)
     with torch.no_grad():
-        out = model.generate(input_ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-        assert out.shape == (input_ids.shape[0], input_ids.shape[1] + new)
-        assert torch.equal(out[:, : input_ids.shape[1]], input_ids)
         logits = model(out).logits.float()
     # min_new_tokens forbids end-of-sequence, so it is no candidate.
     logits[..., model.generation_config.eos_token_id] = float("-inf")
     tol = 0.1 if CONFIGS[name][1] == torch.bfloat16 else 1e-3
-    start = input_ids.shape[1]
+    start = prompt.shape[1]
     for step in range(new):
         step_logits = logits[:, start + step - 1]
         chosen = step_logits.gather(1, out[:, start + step, None]).squeeze(1)
