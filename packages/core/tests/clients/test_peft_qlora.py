@@ -1,5 +1,6 @@
-"""PEFT QLoRA on the 4-bit (NF4 + double quant) tiny Llama: prepare_model_for_kbit_training, LoRA on the
-attention projections, a few steps of bitsandbytes' PagedAdamW8bit, then merge_and_unload."""
+"""PEFT QLoRA on the 4-bit (NF4 + double quant, fp32 and bf16 compute) tiny Llama: prepare_model_for_kbit_training,
+LoRA on the attention projections, a few steps of bitsandbytes' PagedAdamW8bit, then merge_and_unload; and LoRA
+on the 8-bit model."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import bitsandbytes.functional as F
 STEPS = 12
 
 
-@pytest.fixture(scope="module")
-def trained(checkpoint):
+@pytest.fixture(scope="module", params=["nf4-dq-fp32", "nf4-dq-bf16"])
+def trained(request, checkpoint):
     torch.manual_seed(0)
-    model = load_quantized(checkpoint, "nf4-dq-fp32")
+    model = load_quantized(checkpoint, request.param)
     base = {n: (m.weight.data.clone(), m.weight.quant_state.absmax.clone()) for n, m in fourbit(model).items()}
     model = peft.prepare_model_for_kbit_training(model)
     config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=ATTENTION, task_type="CAUSAL_LM")
