@@ -165,7 +165,7 @@ def test_cli_shows_versions_statuses_and_tracebacks(tmp_path):
         {"good": "cli_plugin:good", "broken": "cli_plugin:broken"},
         {"cli_plugin": source},
     )
-    proc = run_python(["-m", "bitsandbytes", "--verbose"], site)
+    proc = run_python(["-m", "bitsandbytes", "--verbose"], site, BNB_BACKENDS="good,broken")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert re.search(r"^  broken\s+bnb-cli-test 0\.4\.2\s+callable\s+-\s+failed: RuntimeError: boom", out, re.M)
@@ -183,7 +183,7 @@ def test_toy_backend_example_installed_with_pip(tmp_path):
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
     subprocess.run([*pip, "--target", str(site), str(src)], check=True, capture_output=True, timeout=120)
 
-    proc = run_python(["-m", "bitsandbytes", "--self-test"], site)
+    proc = run_python(["-m", "bitsandbytes", "--self-test"], site, BNB_BACKENDS="toy")
     out = proc.stdout
     assert re.search(r"^  toy\s+bnb-toy-backend 0\.1\.0\s+Backend\s+cpu\s+loaded$", out, re.M), out
     assert re.search(r"^  int8_vectorwise_dequant\s+native \(toy\)\s+reference", out, re.M)
