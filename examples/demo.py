@@ -82,10 +82,11 @@ def main() -> None:
     # bury the report; the report itself says what ran where.
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # the checkpoint write/load bars; training keeps its own
     compute_dtype = getattr(torch, args.compute_dtype)
     task = Task()
     data = torch.Generator().manual_seed(args.seed)
-    eval_batch = task.sample(64, torch.Generator().manual_seed(args.seed + 1))
+    eval_batch = task.sample(64, torch.Generator().manual_seed(args.seed + 1)).to(args.device)
 
     print(f"bitsandbytes {bnb.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
     print(f"device {args.device}, {torch.get_num_threads()} threads\n")
@@ -118,7 +119,7 @@ def main() -> None:
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        batch = task.sample(args.batch, data)
+        batch = task.sample(args.batch, data).to(args.device)
         start = time.perf_counter()
         if step == 1:  # one representative step (step 0 also creates the optimizer state)
             with trace_ops() as trace_train:

@@ -3,7 +3,7 @@
 Token ``i`` (0 <= i < MODULUS) stands for the number i; one more token marks the start. A sample is
 ``<s> a, a+k, a+2k, ...`` (mod MODULUS) with a stride k drawn from STRIDES, so the model must read the
 stride off the numbers it has seen: the next number is the last one plus the last difference. A randomly
-initialised model cannot do that; LoRA adapters on the frozen 4-bit model learn it in a few hundred
+initialised model cannot do that; LoRA adapters on the frozen 4-bit model learn it in about a hundred
 steps.
 """
 
