@@ -11,6 +11,7 @@ from tiny_llama import ATTENTION, VOCAB, load_quantized, pattern_batch
 
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
+from bitsandbytes.diagnostics.op_trace import trace_ops
 
 STEPS = 12
 
@@ -83,6 +84,29 @@ def test_base_weights_untouched(trained):
         assert type(weight).__name__ == "Params4bit" and not weight.requires_grad
         assert torch.equal(weight.data, data), name
         assert torch.equal(weight.quant_state.absmax, absmax), name
+
+
+# Runs before the merge test below, which replaces the adapters.
+def test_training_step_ops(trained):
+    """What one QLoRA step asks of bitsandbytes: each 4-bit layer's forward is one gemm_4bit (run twice:
+    gradient checkpointing recomputes the forward in backward), its input gradient one dequantize_4bit
+    (and the double-quantized absmax one dequantize_blockwise), and each adapter one 8-bit optimizer
+    update. The frozen base is only read: nothing is quantized again."""
+    model, _, optimizer, _ = trained
+    layers = len(fourbit(model))
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    model.train()
+    batch = pattern_batch()
+    with trace_ops() as trace:
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert dict(trace.counts) == {
+        ("gemm_4bit", "cpu"): 2 * layers,
+        ("dequantize_4bit", "cpu"): layers,
+        ("dequantize_blockwise", "cpu"): layers,
+        ("optimizer_update_8bit_blockwise", "cpu"): len(adapters),
+    }
 
 
 def test_merge_and_unload(trained):
