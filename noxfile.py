@@ -23,6 +23,10 @@ def install(session: nox.Session, *args: str) -> None:
     session.install("-c", CONSTRAINTS, *args)
 
 
+# The real clients the client tests and the demo run (versions pinned in ci/constraints.txt).
+CLIENTS = ("transformers", "peft", "accelerate", "safetensors")
+CLIENT_TESTS = "packages/core/tests/clients"
+
 # ISA levels the CPU backend's conformance run covers; "native" is the best this machine has.
 CPU_ISAS = ("native", "avx2", "scalar")
 
@@ -30,10 +34,17 @@ CPU_ISAS = ("native", "avx2", "scalar")
 @nox.session
 def tests(session: nox.Session) -> None:
     """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, and
-    the conformance suite through its kernels at every ISA level."""
+    the conformance suite through its kernels at every ISA level; last, the real clients (transformers,
+    PEFT, accelerate) on the native kernels."""
     install(session, "torch", "-e", f"{CORE}[test]")
     strict = {"BNB_STRICT_BACKENDS": "1"}
-    session.run("pytest", "packages/core/tests", *session.posargs, env={**strict, "BNB_BACKENDS": "none"})
+    session.run(
+        "pytest",
+        "packages/core/tests",
+        f"--ignore={CLIENT_TESTS}",
+        *session.posargs,
+        env={**strict, "BNB_BACKENDS": "none"},
+    )
     # The conformance suite as a backend author runs it: installed package, one device.
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env={**strict, "BNB_BACKENDS": "none"})
 
@@ -46,6 +57,9 @@ def tests(session: nox.Session) -> None:
     for isa in CPU_ISAS:
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
+
+    install(session, *CLIENTS)
+    session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
 
 
 def upstream_loads_our_checkpoints(session: nox.Session, env: dict[str, str]) -> None:
@@ -80,8 +94,9 @@ def _cxx_sources() -> list[str]:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: quantize a small MLP to NF4 and 8-bit and report bytes, error and time."""
-    install(session, "torch", "-e", CORE)
+    """The main job: QLoRA on CPU. A small Llama-style model quantized to NF4 through transformers,
+    LoRA adapters trained with bitsandbytes' PagedAdamW8bit on a synthetic task; prints a report."""
+    install(session, "torch", "-e", CORE, *CLIENTS, "tqdm", "matplotlib")
     install(session, "./packages/backends-cpu")
     session.run("python", "examples/demo.py", *session.posargs)
 

@@ -1,0 +1,86 @@
+"""What the demo measures and prints: memory of weights and optimizer state, op/kernel table, loss curve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import bitsandbytes as bnb
+from bitsandbytes.backends import records
+from bitsandbytes.diagnostics.op_trace import OpTrace
+from bitsandbytes.diagnostics.report import table
+
+
+def nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def fourbit_weight_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, bytes as fp32, bytes as stored) over every Linear4bit. Stored bytes are the packed codes
+    plus every tensor of the quantization state as it is serialized (scales, code tables)."""
+    layers = fp32 = stored = 0
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            weight = module.weight
+            layers += 1
+            fp32 += weight.quant_state.shape.numel() * 4
+            state = weight.quant_state.as_dict(packed=True)
+            stored += nbytes(weight.data, *(v for v in state.values() if isinstance(v, torch.Tensor)))
+    return layers, fp32, stored
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(nbytes(v) for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor))
+
+
+def is_paged(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether any state tensor lives in paged (managed) memory; devices without it get ordinary memory."""
+    return any(getattr(v, "is_paged", False) for state in optimizer.state.values() for v in state.values())
+
+
+def adamw32_state_bytes(params: list[torch.nn.Parameter]) -> int:
+    """What bitsandbytes' 32-bit AdamW holds for the same parameters: measured on copies after one step."""
+    copies = [torch.zeros_like(p, requires_grad=True) for p in params]
+    for c in copies:
+        c.grad = torch.zeros_like(c)
+    optimizer = bnb.optim.AdamW(copies, optim_bits=32)
+    optimizer.step()
+    return optimizer_state_bytes(optimizer)
+
+
+def backend_of(op: str, device: str) -> str:
+    for record in records():
+        if (op, device) in record.kernels:
+            return f"{record.name} ({record.dist})" if record.dist else record.name
+    return "core (pure PyTorch)"
+
+
+def op_lines(trace: OpTrace) -> list[str]:
+    rows = [(r.op, r.device, str(r.calls), r.kernel, backend_of(r.op, r.device)) for r in trace.rows()]
+    if not rows:
+        return ["  (no bitsandbytes op ran)"]
+    return table(("op", "device", "calls", "kernel", "from"), rows)
+
+
+def plot_losses(losses: list[float], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot(range(1, len(losses) + 1), losses, linewidth=1.2)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (log scale)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
