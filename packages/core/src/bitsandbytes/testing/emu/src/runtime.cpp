@@ -680,13 +680,13 @@ bool stage_buffers(const char* kernel, const Arg* args, const ArgKind* kinds, si
   return true;
 }
 
-bool unstage_buffers(const char* kernel, const Arg* args, size_t n, const GuardedBuffer* buffers) {
+bool unstage_buffers(const char* kernel, const Arg* args, const bool* readonly, size_t n, const GuardedBuffer* buffers) {
   for (size_t i = 0; i < n; ++i) {
     if (args[i].kind != ARG_BUFFER) continue;
     if (!buffers[i].check_canary(kernel)) return false;
   }
   for (size_t i = 0; i < n; ++i) {
-    if (args[i].kind != ARG_BUFFER || args[i].readonly || args[i].nbytes <= 0) continue;
+    if (args[i].kind != ARG_BUFFER || readonly[i] || args[i].nbytes <= 0) continue;
     std::memcpy(args[i].ptr, buffers[i].data(), static_cast<size_t>(args[i].nbytes));
   }
   return true;
