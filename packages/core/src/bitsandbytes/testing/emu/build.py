@@ -25,7 +25,7 @@ CUDA_HEADERS = INCLUDE / "bnb_emu" / "cuda_headers"
 RUNTIME = HERE / "src" / "runtime.cpp"
 
 # -O1 keeps compiles fast; no fp contraction so results do not depend on the host's FMA support.
-CXXFLAGS = ("-std=c++17", "-O1", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-fno-strict-aliasing")
+CXXFLAGS = ("-std=c++17", "-O1", "-pthread", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-fno-strict-aliasing")
 # CUDA sources carry pragmas and attributes the host compiler does not know.
 KERNEL_WARNINGS = ("-Wno-unknown-pragmas", "-Wno-attributes")
 NEED_COMPILER = "a C++ compiler (g++ or clang++)"

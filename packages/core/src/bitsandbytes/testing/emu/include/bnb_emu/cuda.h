@@ -27,8 +27,9 @@
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 #define __constant__
-// One block runs at a time, so a function-scope static is exactly "one copy per block".
-#define __shared__ static
+// One block runs at a time, so a static is exactly "one copy per block"; thread_local because every
+// launch runs on a fresh host thread, so each launch starts with these zeroed (see runtime.cpp).
+#define __shared__ static thread_local
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __grid_constant__
@@ -717,11 +718,15 @@ inline T shuffle(const char* site, const char* what, ShflMode mode, unsigned mas
   return all[j];
 }
 
-inline void syncwarp(const char* site, unsigned mask = 0xffffffffu) {
-  unsigned char token = 0, all[32];
-  if (mask == 0xffffffffu) mask = warp_mask();  // a short last warp: the lanes that exist
-  warp_exchange(site, "__syncwarp", mask, &token, all, 1);
-}
+// __syncwarp(mask = full): a functor so the macro can pass the call site and still take 0 or 1 argument.
+struct SyncWarp {
+  const char* site;
+  void operator()(unsigned mask = 0xffffffffu) const {
+    unsigned char token = 0, all[32];
+    if (mask == 0xffffffffu) mask = warp_mask();  // a short last warp: the lanes that exist
+    warp_exchange(site, "__syncwarp", mask, &token, all, 1);
+  }
+};
 
 inline unsigned full_or(unsigned mask) { return mask == 0xffffffffu ? warp_mask() : mask; }
 
@@ -761,7 +766,7 @@ inline T reduce(const char* site, const char* what, unsigned mask, T v, Op op) {
   static_cast<int>(::bnb_emu::barrier_sum(BNB_EMU_SITE, "__syncthreads_or", (p) ? 1u : 0u) != 0)
 #define __syncthreads_and(p) \
   static_cast<int>(::bnb_emu::barrier_sum(BNB_EMU_SITE, "__syncthreads_and", (p) ? 0u : 1u) == 0)
-#define __syncwarp(...) ::bnb_emu::cuda::syncwarp(BNB_EMU_SITE, ##__VA_ARGS__)
+#define __syncwarp(...) ::bnb_emu::cuda::SyncWarp{BNB_EMU_SITE}(__VA_ARGS__)
 #define BNB_EMU_SHFL(mode, what, mask, var, b, ...)                                                    \
   ::bnb_emu::cuda::shuffle(BNB_EMU_SITE, what, ::bnb_emu::cuda::ShflMode::mode,                       \
                            ::bnb_emu::cuda::full_or(static_cast<unsigned>(mask)), var, static_cast<int>(b), \
