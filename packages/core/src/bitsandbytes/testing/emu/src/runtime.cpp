@@ -8,6 +8,10 @@
 #ifdef _FORTIFY_SOURCE
 #undef _FORTIFY_SOURCE  // __longjmp_chk rejects the cross-stack jumps fibers are made of
 #endif
+#if defined(__APPLE__)  // macOS keeps the ucontext routines behind these (untested here: no Mac in CI)
+#define _XOPEN_SOURCE 700
+#define _DARWIN_C_SOURCE 1
+#endif
 #include "bnb_emu/runtime.h"
 
 #include <pthread.h>
