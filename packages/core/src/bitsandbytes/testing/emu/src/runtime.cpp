@@ -231,10 +231,15 @@ void try_complete_collective(uint32_t warp, uint32_t mask) {
   Launch& L = *g_launch;
   const size_t ws = L.cfg->warp_size;
   const size_t base = static_cast<size_t>(warp) * ws;
+  uint32_t named = mask;
+  if (mask == 0) {  // Metal-style: every lane of the warp that has not exited
+    for (size_t k = 0; k < ws && base + k < L.lanes.size(); ++k)
+      if (L.lanes[base + k].state != State::Done) named |= 1u << k;
+  }
   Lane* members[32];
   size_t n = 0;
   for (size_t k = 0; k < ws; ++k) {
-    if (!(mask >> k & 1u)) continue;
+    if (!(named >> k & 1u)) continue;
     Lane& l = L.lanes[base + k];
     if (l.state == State::Done) {
       L.in_lane = false;
@@ -280,7 +285,7 @@ void lane_exited() {
   const size_t base = static_cast<size_t>(l.info.warp) * ws;
   for (size_t k = 0; k < l.info.warp_lanes; ++k) {
     Lane& o = L.lanes[base + k];
-    if (o.state == State::Collective && (o.mask >> l.info.lane & 1u)) try_complete_collective(o.info.warp, o.mask);
+    if (o.state == State::Collective && (o.mask == 0 || (o.mask >> l.info.lane & 1u))) try_complete_collective(o.info.warp, o.mask);
   }
 }
 
@@ -491,7 +496,7 @@ void warp_exchange(const char* site, const char* what, uint32_t member_mask, con
   Lane& l = me();
   if (nbytes == 0 || nbytes > kMaxExchange)
     fail("%s at %s: a lane value of %zu bytes (at most %zu)", what, site, nbytes, kMaxExchange);
-  if (!(member_mask >> l.info.lane & 1u))
+  if (member_mask != 0 && !(member_mask >> l.info.lane & 1u))
     fail("%s at %s: mask 0x%08x does not include the calling lane %u", what, site, member_mask, l.info.lane);
   uint32_t exists = warp_mask();
   if (member_mask & ~exists)

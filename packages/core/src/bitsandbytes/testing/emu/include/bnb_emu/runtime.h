@@ -79,6 +79,8 @@ uint64_t barrier_sum(const char* site, const char* what, uint32_t value);
 // the mask are zero. A named lane that has exited, or never arrives, is an error, not a hang. Lanes meet
 // only with lanes that passed the same mask; a collective of a different kind (`what`) with the same mask
 // at the same time is an error. nbytes <= 64.
+// member_mask 0 asks for Metal's rule instead: the members are the lanes of the warp that have not exited
+// (decided when the last of them arrives; a lane exiting meanwhile just drops out).
 void warp_exchange(const char* site, const char* what, uint32_t member_mask, const void* in, void* out, size_t nbytes);
 
 // Ends the launch with an error message (printf-style); the message gets the kernel, block and lane added.
