@@ -48,6 +48,7 @@ _BUILTINS = {
 _CXX_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard", "noreturn"}
 
 _COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ATTRIBUTE = re.compile(r"\[\[(.*?)\]\]", re.S)
 _KERNEL = re.compile(r"(?:\bkernel\b|\[\[\s*kernel\s*\]\])\s*(?:\[\[[^\]]*\]\]\s*)*void\s+([A-Za-z_]\w*)\s*\(")
 _INSTANTIATION = re.compile(
@@ -55,6 +56,7 @@ _INSTANTIATION = re.compile(
     r"(?P<rest>[^;]*?)\b(?P<name>[A-Za-z_]\w*)\s*<(?P<targs>[^;{}]*?)>\s*(?:\(|;)",
     re.S,
 )
+_TEMPLATE_HEAD = re.compile(r"\btemplate\s*<[^;{}]*>\s*$")
 _FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)([fFhH]?)(?![\w.])")
 _DOUBLE_CONST = re.compile(r"\bconst\s+constant\b|\bconstant\s+const\b")
 
@@ -221,12 +223,12 @@ def translate(source: str, filename: str = "kernel.metal") -> tuple[str, list[Ke
     for m in _KERNEL.finditer(blanked):
         name = m.group(1)
         params = _parse_params(blanked, m.end() - 1, name, filename)
-        before = blanked[: m.start()].rstrip()
-        if before.endswith(">"):  # template <...> kernel void name(...)
+        if _TEMPLATE_HEAD.search(blanked, 0, m.start()):  # template <...> kernel void name(...)
             templates[name] = params
         else:
             entries.append(KernelEntry(host_name=name, callee=name, params=params))
-    for m in _INSTANTIATION.finditer(blanked):
+    no_comments = _COMMENT.sub(_blank, source)  # host names are string literals: keep those
+    for m in _INSTANTIATION.finditer(no_comments):
         name = m.group("name")
         if name not in templates:
             raise MetalSubsetError(
@@ -387,7 +389,7 @@ class MetalKernel:
             else:
                 t = _scalar_tensor(a, casts.get(i), i, kernel)
             keep.append(t)
-            name = f"buffer({i}) '{names[i]}'" if i in names else f"buffer({i})"
+            name = f"{names[i]} (buffer {i})" if i in names else f"buffer {i}"
             enc = name.encode()
             keep.append(enc)
             c_args[i].kind = 0
@@ -428,7 +430,9 @@ class MetalLibrary:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._entries:
-            raise AttributeError(f"no kernel '{name}' in this Metal library (it has: {', '.join(sorted(self._entries))})")
+            raise AttributeError(
+                f"no kernel '{name}' in this Metal library (it has: {', '.join(sorted(self._entries))})"
+            )
         if name not in self._kernels:
             self._kernels[name] = MetalKernel(self, self._entries[name])
         return self._kernels[name]
@@ -456,7 +460,9 @@ def metal_library(source: str | os.PathLike, *, filename: str | None = None) -> 
     from .build import build
     from .errors import EmulationCompileError
 
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source and source.endswith(".metal")):
+    if isinstance(source, os.PathLike) or (
+        isinstance(source, str) and "\n" not in source and source.endswith(".metal")
+    ):
         path = Path(os.fspath(source))
         text = path.read_text()
         filename = filename or str(path.resolve())

@@ -1,0 +1,193 @@
+"""Metal emulation: dispatch geometry, bounds checks, 16-bit floats, vectors and the emulated subset."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from bitsandbytes.testing.emu.build import unavailable_reason
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+def _lib(name_or_source, **kw):
+    from bitsandbytes.testing.emu.metal import metal_library
+
+    if name_or_source.endswith(".metal"):
+        return metal_library(KERNELS / name_or_source, **kw)
+    return metal_library(name_or_source, **kw)
+
+
+def _errors():
+    from bitsandbytes.testing.emu.errors import EmulationCompileError, EmulationError
+
+    return EmulationError, EmulationCompileError
+
+
+def test_compile_shader_call_convention():
+    # torch's own example: no buffer indices (implied by order), a float scalar bound as a constant.
+    lib = _lib(
+        "kernel void full(device float* out, constant float& val, uint idx [[thread_position_in_grid]])"
+        " { out[idx] = val; }"
+    )
+    x = torch.zeros(16)
+    lib.full(x, 3.14)  # threads default to the first tensor's numel
+    assert torch.equal(x, torch.full((16,), 3.14))
+    assert "full" in dir(lib)
+    with pytest.raises(AttributeError, match="no kernel 'nope'"):
+        lib.nope  # noqa: B018
+
+
+def test_two_dimensional_dispatch_with_tail_groups():
+    lib = _lib("metal_misc.metal")
+    out = torch.zeros(7, 10, 4, dtype=torch.int32)
+    lib.positions_2d(out, threads=(10, 7), group_size=(4, 3))
+    ys, xs = torch.meshgrid(torch.arange(7), torch.arange(10), indexing="ij")
+    assert torch.equal(out[..., 0], xs.int()) and torch.equal(out[..., 1], ys.int())
+    # Threadgroups at the right and bottom edges are smaller, and say so in threads_per_threadgroup.
+    assert torch.equal(out[..., 2], torch.where(xs < 8, 4, 2).int())
+    assert torch.equal(out[..., 3], torch.where(ys < 6, 3, 1).int())
+
+
+@pytest.mark.parametrize(("n", "group"), [(1, 1), (33, 32), (1000, 1024), (1030, 1024), (5, 3)])
+def test_one_dimensional_tails(n, group):
+    lib = _lib("metal_misc.metal")
+    x = torch.randn(n)
+    y = torch.zeros(n)
+    lib.copy_all(x, y, threads=n, group_size=group)
+    assert torch.equal(x, y)
+
+
+def test_out_of_bounds_read_and_write_name_the_buffer():
+    EmulationError, _ = _errors()
+    lib = _lib("metal_misc.metal")
+    x, y = torch.zeros(16), torch.zeros(16)
+    with pytest.raises(EmulationError, match=r"read_past_end.*read: out-of-bounds access near buffer 'x \(buffer 0\)'"):
+        lib.read_past_end(x, y)
+    with pytest.raises(EmulationError, match=r"write_past_end.*out-of-bounds access near buffer 'y \(buffer 1\)'"):
+        lib.write_past_end(x, y)
+    # 5 floats: the write lands in the alignment slack before the guard page; the canary catches it.
+    x5, y5 = torch.zeros(5), torch.zeros(5)
+    with pytest.raises(EmulationError, match=r"out-of-bounds write near buffer 'y \(buffer 1\)'"):
+        lib.write_past_end(x5, y5)
+
+
+def test_half_and_bfloat_bit_exact_against_torch():
+    lib = _lib("metal_misc.metal")
+    gen = torch.Generator().manual_seed(0)
+    special = torch.tensor(
+        [0.0, -0.0, 1.0, 65504.0, 65519.0, 65520.0, 1e6, -1e6, 6e-8, 2.98e-8, 1e-40, -3e-5, float("inf")]
+    )
+    x = torch.cat([torch.randn(500, generator=gen) * 10 ** torch.randint(-8, 6, (500,), generator=gen), special])
+    n = x.numel()
+    h = torch.zeros(n, dtype=torch.half)
+    b = torch.zeros(n, dtype=torch.bfloat16)
+    prod = torch.zeros(n, dtype=torch.half)
+    back = torch.zeros(n)
+    lib.sixteen_bit(x, h, b, prod, back)
+    assert torch.equal(h.view(torch.int16), x.half().view(torch.int16))
+    assert torch.equal(b.view(torch.int16), x.bfloat16().view(torch.int16))
+    want_prod = ((x.half().float() * x.half().float()).half().float() + 1.5).half()
+    assert torch.equal(prod.view(torch.int16), want_prod.view(torch.int16))
+    assert torch.equal(back, x.half().float() + x.bfloat16().float())
+
+
+def test_vectors_swizzles_and_as_type():
+    lib = _lib("metal_misc.metal")
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [-5.0, 300.0, 7.5, 0.25]])
+    swz = torch.zeros(2, 4)
+    bits = torch.zeros(2, dtype=torch.int32)
+    packed = torch.zeros(2, 4, dtype=torch.uint8)
+    dots = torch.zeros(2)
+    lib.vectors(x, swz, bits, packed, dots, threads=2)
+    want = torch.stack([x[:, 2] + 1, x[:, 2] + 1, x[:, 1], x[:, 0] * 2], dim=1)
+    assert torch.equal(swz, want)
+    assert torch.equal(bits, x[:, 0].view(torch.int32))
+    assert packed.tolist() == [[1, 2, 3, 4], [0, 255, 7, 0]]
+    assert torch.equal(dots, x[:, 0] + 2 * x[:, 1] + 3 * x[:, 2] + 5)
+
+
+def test_scalar_casts_and_template_instances():
+    lib = _lib("metal_misc.metal")
+    x = torch.tensor([1.0, 2.0, -3.0], dtype=torch.half)
+    lib.scale_half(x, 0.5, arg_casts={1: "fp16"})
+    assert x.tolist() == [0.5, 1.0, -1.5]
+    f = torch.zeros(3)
+    i = torch.zeros(3, dtype=torch.int32)
+    lib.add_one_float(f)
+    lib.add_one_int(i)
+    assert f.tolist() == [1.0] * 3 and i.tolist() == [1] * 3
+    # A float32 (4 bytes) bound where the kernel reads a 2-byte half is fine; a missing buffer is not.
+    with pytest.raises(ValueError, match="binds 2 buffers, got 1"):
+        lib.scale_half(x)
+
+
+def test_bad_arguments_are_named():
+    lib = _lib("metal_misc.metal")
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match="argument 1 must be contiguous"):
+        lib.copy_all(x, torch.zeros(4, 2)[:, 0])
+    with pytest.raises(TypeError, match="argument 1 must be a tensor, int, float"):
+        lib.copy_all(x, "y")
+    with pytest.raises(ValueError, match="group_size"):
+        lib.copy_all(x, x.clone(), threads=4, group_size=(2, 2))
+    EmulationError, _ = _errors()
+    with pytest.raises(EmulationError, match="at most 1024"):
+        lib.copy_all(x, x.clone(), threads=4, group_size=2048)
+
+
+UNSUPPORTED = {
+    "texture": (
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void k(texture2d<float, access::read> t [[texture(0)]], device float* o [[buffer(0)]]) {}\n",
+        r"texture\(0\)",
+    ),
+    "texture-type": (
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void k(device float* o [[buffer(0)]]) { texture2d<float> t; (void)t; }\n",
+        "bnb_emu/metal: texture2d is outside the emulated Metal subset",
+    ),
+    "threadgroup-argument": (
+        "kernel void k(threadgroup float* s [[threadgroup(0)]], device float* o [[buffer(0)]]) {}\n",
+        "threadgroup memory as an argument",
+    ),
+    "simdgroup-matrix": (
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void k(device float* o [[buffer(0)]]) { simdgroup_float8x8 m; (void)m; }\n",
+        "bnb_emu/metal: simdgroup_matrix is outside the emulated Metal subset",
+    ),
+    "other-header": (
+        "#include <metal_raytracing>\nkernel void k(device float* o [[buffer(0)]]) {}\n",
+        "metal_raytracing",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSUPPORTED))
+def test_constructs_outside_the_subset_fail_to_compile_clearly(case):
+    _, EmulationCompileError = _errors()
+    source, message = UNSUPPORTED[case]
+    with pytest.raises(EmulationCompileError, match=message):
+        _lib(source, filename=f"{case}.metal")
+
+
+def test_front_end_reads_attributes_and_rewrites_literals():
+    from bitsandbytes.testing.emu.metal import translate
+
+    source = (
+        "kernel void k(device float* a [[buffer(1)]], device float* b, uint i [[thread_position_in_grid]]) {\n"
+        "  threadgroup float s[4];\n  threadgroup float* p = s;\n  a[i] = 1.0 + 2.5e-1 + 1.0f + 0.5h;\n}\n"
+    )
+    body, entries = translate(source)
+    (e,) = entries
+    assert [(p.name, p.buffer, p.builtin) for p in e.params] == [
+        ("a", 1, None),
+        ("b", 0, None),
+        ("i", None, "THREAD_POSITION_IN_GRID"),
+    ]
+    assert "BNB_EMU_THREADGROUP_VAR float s[4];" in body
+    assert "threadgroup float* p = s;" in body  # a pointer keeps its (empty) qualifier
+    assert "1.0f + 2.5e-1f + 1.0f + half(0.5f)" in body
+    assert body.count("\n") == source.count("\n")  # line numbers stay those of the source
