@@ -58,7 +58,7 @@ kernel void vectors(device const float4* x [[buffer(0)]],
   w.a *= 2.0f;
   swz[gid] = w;
   bits[gid] = as_type<uint>(v.x);
-  bytes[gid] = uchar4(uint4(clamp(v, 0.0f, 255.0f)));
+  bytes[gid] = uchar4(uint4(clamp(v, float4(0.0f), float4(255.0f))));
   dots[gid] = dot(v.xyz, float3(1.0f, 2.0f, 3.0f)) + length(float2(3.0f, 4.0f));
 }
 
@@ -73,5 +73,7 @@ template <typename T>
 kernel void add_one(device T* x [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
   x[gid] = x[gid] + T(1);
 }
-template [[host_name("add_one_float")]] kernel void add_one<float>(device float*, uint);
-template [[host_name("add_one_int")]] kernel void add_one<int>(device int*, uint);
+template [[host_name("add_one_float")]] kernel void add_one<float>(device float* x [[buffer(0)]],
+                                                                   uint gid [[thread_position_in_grid]]);
+template [[host_name("add_one_int")]] kernel void add_one<int>(device int* x [[buffer(0)]],
+                                                               uint gid [[thread_position_in_grid]]);

@@ -2,10 +2,6 @@
 #include <metal_stdlib>
 using namespace metal;
 
-struct Lanes {
-  uint lane;
-};
-
 // out rows (each `threads` long): sum, max, min, prefix inclusive, prefix exclusive, shuffle_down 1,
 // shuffle_up 2, shuffle_xor 5, broadcast of lane 3, shuffle from lane (31 - lane), ballot low bits.
 kernel void simd_all_ops(device const float* x [[buffer(0)]],
