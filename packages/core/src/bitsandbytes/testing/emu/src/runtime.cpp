@@ -21,14 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
-
-// Static `__shared__` variables are placed in this section by the shims so the runtime can poison them
-// at the start of every block; the linker defines these bounds when the section is non-empty.
-extern "C" {
-extern char __start_bnb_emu_shared[] __attribute__((weak, visibility("hidden")));
-extern char __stop_bnb_emu_shared[] __attribute__((weak, visibility("hidden")));
-}
 
 namespace bnb_emu {
 namespace {
@@ -196,7 +190,9 @@ std::string census() {
     std::snprintf(n, sizeof n, "%zu lane%s (", g.second.size(), g.second.size() == 1 ? "" : "s");
     s += std::string(s.empty() ? "" : "; ") + n + ranges(g.second) + ") wait in " + g.first;
   }
-  if (!exited.empty()) s += std::string(s.empty() ? "" : "; ") + "lanes " + ranges(exited) + " have exited";
+  if (!exited.empty())
+    s += std::string(s.empty() ? "" : "; ") + (exited.size() == 1 ? "lane " : "lanes ") + ranges(exited) +
+         (exited.size() == 1 ? " has exited" : " have exited");
   return s;
 }
 
@@ -371,12 +367,6 @@ void restore_handlers() {
   sigaltstack(&g_old_alt, nullptr);
 }
 
-// Static __shared__ variables of the module: poisoned at every block start.
-void poison_static_shared() {
-  if (__start_bnb_emu_shared && __stop_bnb_emu_shared && __stop_bnb_emu_shared > __start_bnb_emu_shared)
-    std::memset(__start_bnb_emu_shared, kPoison, static_cast<size_t>(__stop_bnb_emu_shared - __start_bnb_emu_shared));
-}
-
 // Runs one block to completion (or aborts the launch).
 void run_block(Launch& L) {
   const LaunchConfig& c = *L.cfg;
@@ -392,7 +382,6 @@ void run_block(Launch& L) {
   }
   L.live = n;
   L.at_barrier = 0;
-  poison_static_shared();
   if (L.shared) L.shared->fill(kPoison);
   (void)c;
   while (L.live > 0) {
@@ -424,6 +413,27 @@ void run_block(Launch& L) {
       abort_launch();
     }
   }
+}
+
+int run_grid(Launch& L) {
+  const LaunchConfig& cfg = *L.cfg;
+  if (!install_handlers()) {
+    set_error("bnb_emu: could not allocate the signal stack");
+    return 1;
+  }
+  int rc = 0;
+  if (sigsetjmp(L.abort_jb, 1) == 0) {
+    for (uint32_t z = 0; z < cfg.grid.z; ++z)
+      for (uint32_t y = 0; y < cfg.grid.y; ++y)
+        for (uint32_t x = 0; x < cfg.grid.x; ++x) {
+          L.group = Dim3{x, y, z};
+          run_block(L);
+        }
+  } else {
+    rc = 1;
+  }
+  restore_handlers();
+  return rc;
 }
 
 }  // namespace
@@ -556,24 +566,13 @@ int launch(const LaunchConfig& cfg, KernelBody body, void* ctx) {
     L.shared = &shared;
   }
 
-  if (!install_handlers()) {
-    set_error("bnb_emu: could not allocate the signal stack");
-    return 1;
-  }
+  // Each launch runs on a fresh host thread: the shims keep static __shared__ arrays thread_local, so
+  // every launch starts them zeroed, whatever an earlier launch left there (determinism across runs).
   g_launch = &L;
   int rc = 0;
-  if (sigsetjmp(L.abort_jb, 1) == 0) {
-    for (uint32_t z = 0; z < cfg.grid.z; ++z)
-      for (uint32_t y = 0; y < cfg.grid.y; ++y)
-        for (uint32_t x = 0; x < cfg.grid.x; ++x) {
-          L.group = Dim3{x, y, z};
-          run_block(L);
-        }
-  } else {
-    rc = 1;
-  }
+  std::thread worker([&]() { rc = run_grid(L); });
+  worker.join();
   g_launch = nullptr;
-  restore_handlers();
   if (rc == 0 && L.shared && !shared.check_canary(cfg.kernel)) rc = 1;
   return rc;
 }
@@ -685,13 +684,13 @@ bool stage_buffers(const char* kernel, const Arg* args, const ArgKind* kinds, si
   return true;
 }
 
-bool unstage_buffers(const char* kernel, const Arg* args, size_t n, const GuardedBuffer* buffers) {
+bool unstage_buffers(const char* kernel, const Arg* args, const bool* readonly, size_t n, const GuardedBuffer* buffers) {
   for (size_t i = 0; i < n; ++i) {
     if (args[i].kind != ARG_BUFFER) continue;
     if (!buffers[i].check_canary(kernel)) return false;
   }
   for (size_t i = 0; i < n; ++i) {
-    if (args[i].kind != ARG_BUFFER || args[i].readonly || args[i].nbytes <= 0) continue;
+    if (args[i].kind != ARG_BUFFER || readonly[i] || args[i].nbytes <= 0) continue;
     std::memcpy(args[i].ptr, buffers[i].data(), static_cast<size_t>(args[i].nbytes));
   }
   return true;

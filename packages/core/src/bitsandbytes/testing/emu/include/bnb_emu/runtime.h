@@ -136,7 +136,7 @@ void unregister_region(const void* begin);
 enum ArgKind : int32_t { ARG_BUFFER = 0, ARG_INT = 1, ARG_FLOAT = 2, ARG_BYTES = 3 };
 struct Arg {
   int32_t kind;
-  int32_t readonly;  // buffers: skip copying back after the launch
+  int32_t readonly;  // unused (the parameter type decides); keep 0
   int64_t nbytes;    // buffers and bytes: size of `ptr`
   int64_t i;
   double f;
@@ -145,9 +145,9 @@ struct Arg {
 };
 
 // Describes a kernel parameter type for the signature string Python checks arguments against:
-// "p<elem bytes>" (or "pc<...>" for pointer-to-const; elem 0 = void*), "i<bits>", "u<bits>", "f<bits>",
-// "?" (bool), a shim's code for its 16-bit float types ("h" half, "b" bfloat16), or "s<bytes>" (a
-// trivially copyable struct passed by value as bytes).
+// "i<bits>", "u<bits>", "f<bits>", "?" (bool), a shim's code for its 16-bit float types ("h" half, "b"
+// bfloat16), "s<bytes>" (anything else trivially copyable: vector types, structs, passed as bytes); a
+// pointer is "p" (+ "c" when it points to const) + the code of what it points to, or "v" for void.
 template <class T, class = void>
 struct ScalarCode {  // shims specialise this for their half/bfloat types
   static constexpr const char* code = nullptr;
@@ -157,9 +157,9 @@ template <class T>
 void describe_type(char* buf, size_t cap) {
   if constexpr (std::is_pointer<T>::value) {
     using Elem = std::remove_pointer_t<T>;
-    size_t elem = 0;
-    if constexpr (!std::is_void<Elem>::value) elem = sizeof(Elem);
-    std::snprintf(buf, cap, "p%s%zu", std::is_const<Elem>::value ? "c" : "", elem);
+    char inner[24] = "v";
+    if constexpr (!std::is_void<Elem>::value) describe_type<std::remove_cv_t<Elem>>(inner, sizeof(inner));
+    std::snprintf(buf, cap, "p%s%s", std::is_const<Elem>::value ? "c" : "", inner);
   } else if constexpr (std::is_same<T, bool>::value) {
     std::snprintf(buf, cap, "?");
   } else if constexpr (std::is_integral<T>::value) {
@@ -203,6 +203,12 @@ constexpr ArgKind kind_of() {
     return ARG_BYTES;
 }
 
+template <class T>
+constexpr bool points_to_const() {
+  if constexpr (std::is_pointer<T>::value) return std::is_const<std::remove_pointer_t<T>>::value;
+  else return false;
+}
+
 // Turns one C ABI argument into a kernel parameter; `buffers[index]` is the guarded copy for pointers.
 template <class T>
 T decode_arg(const Arg& a, GuardedBuffer* buffers, size_t index) {
@@ -226,7 +232,8 @@ bool check_arg(const char* kernel, size_t index, const Arg& a, ArgKind want, siz
 
 // Copies buffer arguments into guarded memory (false with last_error() on failure), and back after.
 bool stage_buffers(const char* kernel, const Arg* args, const ArgKind* kinds, size_t n, GuardedBuffer* buffers);
-bool unstage_buffers(const char* kernel, const Arg* args, size_t n, const GuardedBuffer* buffers);
+// `readonly[i]`: parameter i points to const, so buffer i is not copied back.
+bool unstage_buffers(const char* kernel, const Arg* args, const bool* readonly, size_t n, const GuardedBuffer* buffers);
 
 template <class... Args, class Call, size_t... I>
 void call_decoded(Call& call, const Arg* args, GuardedBuffer* buffers, std::index_sequence<I...>) {
@@ -244,13 +251,14 @@ int run_with_args(const LaunchConfig& cfg, const Arg* args, int nargs, Call call
   }
   const ArgKind kinds[N + 1] = {kind_of<std::decay_t<Args>>()..., ARG_INT};
   const size_t sizes[N + 1] = {sizeof(std::decay_t<Args>)..., 0};
+  const bool readonly[N + 1] = {points_to_const<std::decay_t<Args>>()..., false};
   for (size_t i = 0; i < N; ++i)
     if (!check_arg(cfg.kernel, i, args[i], kinds[i], sizes[i])) return 1;
   GuardedBuffer buffers[N + 1];
   if (!stage_buffers(cfg.kernel, args, kinds, N, buffers)) return 1;
   auto body = [&]() { call_decoded<Args...>(call, args, buffers, std::index_sequence_for<Args...>{}); };
   if (launch(cfg, body) != 0) return 1;
-  return unstage_buffers(cfg.kernel, args, N, buffers) ? 0 : 1;
+  return unstage_buffers(cfg.kernel, args, readonly, N, buffers) ? 0 : 1;
 }
 
 // Deduces the parameter list of a function (pointer) for run_with_args / describe_args.

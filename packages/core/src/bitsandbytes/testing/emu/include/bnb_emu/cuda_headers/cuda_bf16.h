@@ -1,0 +1,3 @@
+// Stand-in for <cuda_bf16.h> in emulation: everything the emulated subset offers comes from bnb_emu/cuda.h.
+#pragma once
+#include "bnb_emu/cuda.h"
