@@ -173,7 +173,10 @@ std::string census() {
     std::string key = std::string(l.what) + " at " + l.site;
     if (l.state == State::Collective) {
       char m[32];
-      std::snprintf(m, sizeof m, " (mask 0x%08x)", l.mask);
+      if (l.mask == 0)
+        std::snprintf(m, sizeof m, " (active lanes)");
+      else
+        std::snprintf(m, sizeof m, " (mask 0x%08x)", l.mask);
       key += m;
     }
     bool found = false;

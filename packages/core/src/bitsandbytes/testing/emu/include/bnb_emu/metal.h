@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 
 #include "metal/atomic.h"
@@ -20,6 +21,13 @@
 #include "metal/simd.h"
 #include "metal/vec.h"
 #include "runtime.h"
+
+// Threadgroup variables live in their own section (see BNB_EMU_THREADGROUP_VAR below); the linker marks
+// its bounds, so every threadgroup can start with it filled with 0xFF bytes.
+extern "C" {
+extern char __start_bnb_emu_metal_tg[] __attribute__((weak, visibility("hidden")));
+extern char __stop_bnb_emu_metal_tg[] __attribute__((weak, visibility("hidden")));
+}
 
 namespace bnb_emu {
 template <>
@@ -86,6 +94,13 @@ struct Builtin {
 };
 
 inline uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// Threadgroup memory is undefined when a threadgroup starts; all-ones bits (NaN for floats) make a read
+// before any write, or a race a missing barrier lets through, show in results.
+inline void poison_threadgroup_memory() {
+  if (__start_bnb_emu_metal_tg && __stop_bnb_emu_metal_tg > __start_bnb_emu_metal_tg)
+    std::memset(__start_bnb_emu_metal_tg, 0xff, static_cast<size_t>(__stop_bnb_emu_metal_tg - __start_bnb_emu_metal_tg));
+}
 
 inline Builtin builtin(BuiltinId id) {
   const Dispatch& d = *current();
@@ -178,6 +193,21 @@ struct Bind {
   Builtin builtin(BuiltinId id) const { return metal_launch::builtin(id); }
 };
 
+// The runtime names "block (x,y,z)" of its own launch; say "threadgroup" and give the position in the whole
+// grid (edge threadgroups run as a separate launch whose block indices start at zero).
+inline void name_threadgroup_in_error(const Dispatch& d) {
+  std::string msg = last_error();
+  const size_t at = msg.find("block (");
+  unsigned x, y, z;
+  if (at == std::string::npos || std::sscanf(msg.c_str() + at, "block (%u,%u,%u)", &x, &y, &z) != 3) return;
+  const size_t end = msg.find(')', at);
+  char pos[96];
+  std::snprintf(pos, sizeof pos, "threadgroup (%u,%u,%u)", x + d.region_offset[0], y + d.region_offset[1],
+                z + d.region_offset[2]);
+  msg.replace(at, end + 1 - at, pos);
+  set_error("%s", msg.c_str());
+}
+
 // Runs `call(bind)` in every lane of the dispatch. `dispatch` holds threads[3] then group_size[3].
 // Every argument is a buffer (torch passes Python scalars as small constant buffers too).
 template <class Call>
@@ -226,7 +256,11 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
     if (rest) parts[i][nparts[i]++] = Part{1, rest, full};
   }
   int rc = 0;
-  auto body = [&]() { call(bind); };
+  auto body = [&]() {
+    // The runtime starts a threadgroup's lanes in index order: lane 0 runs before any other has begun.
+    if (lane().linear == 0) poison_threadgroup_memory();
+    call(bind);
+  };
   for (int pz = 0; pz < nparts[2] && rc == 0; ++pz)
     for (int py = 0; py < nparts[1] && rc == 0; ++py)
       for (int px = 0; px < nparts[0] && rc == 0; ++px) {
@@ -243,7 +277,10 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
         rc = launch(cfg, body);
       }
   current() = nullptr;
-  if (rc != 0) return rc;
+  if (rc != 0) {
+    name_threadgroup_in_error(d);
+    return rc;
+  }
   for (int i = 0; i < nargs; ++i)
     if (!buffers[i].check_canary(kernel)) return 1;
   for (int i = 0; i < nargs; ++i)
@@ -306,10 +343,9 @@ BNB_EMU_METAL_UNSUPPORTED_FN(threadgroup_imageblock)
 
 // ---- Address spaces and function qualifiers ----
 // Address spaces do not exist on the host; `constant` keeps its read-only meaning. Threadgroup
-// variables are rewritten by the front end to BNB_EMU_THREADGROUP_VAR: one copy per threadgroup (the
-// runtime runs threadgroups one at a time and fills these with 0xFF bytes at the start of each, so a
-// read before any write shows).
-#define BNB_EMU_THREADGROUP_VAR __attribute__((section("bnb_emu_shared"))) static
+// variables are rewritten by the front end to BNB_EMU_THREADGROUP_VAR: a static is one copy per
+// threadgroup because the runtime runs threadgroups one at a time; each starts filled with 0xFF bytes.
+#define BNB_EMU_THREADGROUP_VAR __attribute__((section("bnb_emu_metal_tg"))) static
 #define kernel
 #define device
 #define constant const
