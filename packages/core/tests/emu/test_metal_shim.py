@@ -133,9 +133,22 @@ def test_bad_arguments_are_named():
         lib.copy_all(x, "y")
     with pytest.raises(ValueError, match="group_size"):
         lib.copy_all(x, x.clone(), threads=4, group_size=(2, 2))
-    EmulationError, _ = _errors()
-    with pytest.raises(EmulationError, match="at most 1024"):
+    with pytest.raises(ValueError, match="maximum threadgroup size 1024"):
         lib.copy_all(x, x.clone(), threads=4, group_size=2048)
+
+
+def test_max_total_threads_per_threadgroup_caps_the_group():
+    lib = _lib(
+        "[[max_total_threads_per_threadgroup(64)]] kernel void capped(device uint* out [[buffer(0)]],\n"
+        "    uint tpt [[threads_per_threadgroup]], uint gid [[thread_position_in_grid]]) { out[gid] = tpt; }\n",
+        filename="capped.metal",
+    )
+    assert lib.capped.max_threads_per_threadgroup == 64
+    out = torch.zeros(100, dtype=torch.int32)
+    lib.capped(out)  # default group: min(64, threads), as torch picks min(max, threads)
+    assert out.tolist() == [64] * 64 + [36] * 36
+    with pytest.raises(ValueError, match="maximum threadgroup size 64"):
+        lib.capped(out, group_size=128)
 
 
 UNSUPPORTED = {
@@ -157,6 +170,10 @@ UNSUPPORTED = {
         "#include <metal_stdlib>\nusing namespace metal;\n"
         "kernel void k(device float* o [[buffer(0)]]) { simdgroup_float8x8 m; (void)m; }\n",
         "bnb_emu/metal: simdgroup_matrix is outside the emulated Metal subset",
+    ),
+    "function-constant": (
+        "constant bool flag [[function_constant(0)]];\nkernel void k(device float* o [[buffer(0)]]) {}\n",
+        r"attribute \[\[function_constant\(0\)\]\] is outside the emulated Metal subset",
     ),
     "other-header": (
         "#include <metal_raytracing>\nkernel void k(device float* o [[buffer(0)]]) {}\n",

@@ -15,6 +15,7 @@ float in MSL, a double in C++), ``1.0h`` becomes a half, and ``const constant`` 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -56,7 +57,16 @@ _INSTANTIATION = re.compile(
     r"(?P<rest>[^;]*?)\b(?P<name>[A-Za-z_]\w*)\s*<(?P<targs>[^;{}]*?)>\s*(?:\(|;)",
     re.S,
 )
-_TEMPLATE_HEAD = re.compile(r"\btemplate\s*<[^;{}]*>\s*$")
+_TEMPLATE_HEAD = re.compile(r"\btemplate\s*<[^;{}]*>\s*(?:\[\[[^\]]*\]\]\s*)*$")
+_MAX_THREADS = re.compile(r"\[\[\s*max_total_threads_per_threadgroup\s*\(\s*(\d+)\s*\)\s*\]\]")
+# Attributes the front end understands anywhere in a source (parameter attributes are checked per kernel).
+_KNOWN_ATTRIBUTE = re.compile(
+    r"kernel|host_name\s*\(.*\)|max_total_threads_per_threadgroup\s*\(\s*\d+\s*\)|buffer\s*\(\s*\d+\s*\)|"
+    + "|".join(_BUILTINS)
+    + "|"
+    + "|".join(_CXX_ATTRIBUTES),
+    re.S,
+)
 _FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)([fFhH]?)(?![\w.])")
 _DOUBLE_CONST = re.compile(r"\bconst\s+constant\b|\bconstant\s+const\b")
 
@@ -77,6 +87,7 @@ class KernelEntry:
     host_name: str  # the name Python calls
     callee: str  # the C++ expression called (name, or name<targs> for a template instantiation)
     params: list[KernelParam] = field(default_factory=list)
+    max_threads: int = 1024  # [[max_total_threads_per_threadgroup(n)]], else the Apple GPU limit
 
     @property
     def buffer_count(self) -> int:
@@ -220,13 +231,22 @@ def translate(source: str, filename: str = "kernel.metal") -> tuple[str, list[Ke
     blanked = _COMMENT_OR_STRING.sub(_blank, source)
     entries: list[KernelEntry] = []
     templates: dict[str, list[KernelParam]] = {}
+    max_threads: dict[str, int] = {}
     for m in _KERNEL.finditer(blanked):
         name = m.group(1)
         params = _parse_params(blanked, m.end() - 1, name, filename)
+        head_start = max(blanked.rfind(c, 0, m.start()) for c in ";}") + 1
+        limit = _MAX_THREADS.search(blanked, head_start, m.end())
+        max_threads[name] = int(limit.group(1)) if limit else 1024
         if _TEMPLATE_HEAD.search(blanked, 0, m.start()):  # template <...> kernel void name(...)
             templates[name] = params
         else:
-            entries.append(KernelEntry(host_name=name, callee=name, params=params))
+            entries.append(KernelEntry(host_name=name, callee=name, params=params, max_threads=max_threads[name]))
+    # Kernel parameters were checked above with more specific messages; this catches the rest.
+    for m in _ATTRIBUTE.finditer(blanked):
+        if not _KNOWN_ATTRIBUTE.fullmatch(m.group(1).strip()):
+            where = f"{filename}:{_line_of(source, m.start())}"
+            raise MetalSubsetError(f"{where}: attribute [[{m.group(1).strip()}]] is outside the emulated Metal subset")
     no_comments = _COMMENT.sub(_blank, source)  # host names are string literals: keep those
     for m in _INSTANTIATION.finditer(no_comments):
         name = m.group("name")
@@ -236,7 +256,9 @@ def translate(source: str, filename: str = "kernel.metal") -> tuple[str, list[Ke
                 "template kernel in this source"
             )
         targs = " ".join(source[m.start("targs") : m.end("targs")].split())
-        entries.append(KernelEntry(host_name=m.group("host"), callee=f"{name}<{targs}>", params=templates[name]))
+        host = m.group("host")
+        entry = KernelEntry(host, f"{name}<{targs}>", templates[name], max_threads=max_threads[name])
+        entries.append(entry)
     if not entries:
         raise MetalSubsetError(f"{filename}: no kernel functions found (expected 'kernel void name(...)')")
 
@@ -356,7 +378,7 @@ class MetalKernel:
 
     @property
     def max_threads_per_threadgroup(self) -> int:
-        return 1024
+        return self._entry.max_threads
 
     @property
     def thread_execution_width(self) -> int:
@@ -404,8 +426,13 @@ class MetalKernel:
         if group_size is None:
             if len(tdims) != 1:
                 raise ValueError(f"kernel '{kernel}': pass group_size= for a {len(tdims)}-D dispatch")
-            group_size = max(1, min(1024, tdims[0]))
+            group_size = max(1, min(self._entry.max_threads, tdims[0]))
         gdims = _dims(group_size, "group_size", kernel)
+        if math.prod(gdims) > self._entry.max_threads:
+            raise ValueError(
+                f"kernel '{kernel}': group_size {group_size!r} has more threads than the kernel's maximum "
+                f"threadgroup size {self._entry.max_threads} (Metal rejects such a dispatch)"
+            )
         if len(gdims) != len(tdims):
             raise ValueError(f"kernel '{kernel}': threads and group_size must have the same number of dimensions")
         dispatch = (ctypes.c_uint32 * 6)(*(tdims + [1] * (3 - len(tdims))), *(gdims + [1] * (3 - len(gdims))))

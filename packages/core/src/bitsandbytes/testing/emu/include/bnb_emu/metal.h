@@ -346,6 +346,7 @@ BNB_EMU_METAL_UNSUPPORTED_FN(threadgroup_imageblock)
 // variables are rewritten by the front end to BNB_EMU_THREADGROUP_VAR: a static is one copy per
 // threadgroup because the runtime runs threadgroups one at a time; each starts filled with 0xFF bytes.
 #define BNB_EMU_THREADGROUP_VAR __attribute__((section("bnb_emu_metal_tg"))) static
+#define METAL_FUNC inline
 #define kernel
 #define device
 #define constant const

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../runtime.h"
+#include "atomic.h"
 #include "math.h"
 #include "vec.h"
 
@@ -29,6 +30,10 @@ enum class mem_flags : unsigned {
 inline constexpr mem_flags operator|(mem_flags a, mem_flags b) {
   return static_cast<mem_flags>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
 }
+
+// Fences order nothing in emulation: lanes do not run at the same time, so every write is visible at once.
+inline void atomic_thread_fence(mem_flags, memory_order = memory_order_relaxed) {}
+inline void atomic_thread_fence(mem_flags, memory_order, memory_scope) {}
 
 namespace simd_detail {
 
