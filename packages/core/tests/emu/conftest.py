@@ -11,17 +11,11 @@ from bitsandbytes.testing import emu
 KERNELS = Path(__file__).parent / "kernels"
 
 
-def _needs_compiler() -> None:
-    reason = emu.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
 @pytest.fixture(scope="session")
 def cuda_kernels():
     """``cuda_kernels("reduce.cu", {...})`` loads a kernel file of kernels/ in emulation (skips, naming
     the missing compiler, where there is none)."""
-    _needs_compiler()
+    emu.skip_unless_available()
 
     def load(filename: str, kernels, **kwargs) -> emu.Module:
         return emu.load_cuda(KERNELS / filename, kernels, **kwargs)
@@ -32,7 +26,7 @@ def cuda_kernels():
 @pytest.fixture
 def compile_cuda(tmp_path):
     """Compile CUDA source text in emulation (for the tests of what must not compile)."""
-    _needs_compiler()
+    emu.skip_unless_available()
 
     def compile_(code: str, kernels, name: str = "snippet.cu") -> emu.Module:
         return emu.load_cuda(tmp_path / name, kernels, code=code)

@@ -111,8 +111,9 @@ def test_same_result_every_run(reduce, atomics, cuda_kernels):
     results = []
     for _ in range(3):
         total = torch.zeros(1)
-        atomics.reduce_atomics[64, 64](x, x.numel(), total, torch.zeros(1, dtype=torch.int32), torch.zeros(1),
-                                       torch.zeros(1, dtype=torch.int64))
+        atomics.reduce_atomics[64, 64](
+            x, x.numel(), total, torch.zeros(1, dtype=torch.int32), torch.zeros(1), torch.zeros(1, dtype=torch.int64)
+        )
         warp_total = torch.zeros(1)
         reduce.warp_block_sum[16, 256, 32](x, warp_total, x.numel())
         results.append((total.view(torch.int32).item(), warp_total.view(torch.int32).item()))

@@ -55,7 +55,7 @@ def test_shuffles_match_cuda_semantics(warps, mask, delta, width):
     warps.shuffles[blocks, threads](values, out, mask, delta, width)
     got = out.view(4, n).tolist()
     want = _expected(values.tolist(), mask, delta, width)
-    for name, g, w in zip(["xor", "down", "up", "idx"], got, want):
+    for name, g, w in zip(["xor", "down", "up", "idx"], got, want, strict=True):
         assert g == w, f"__shfl_{name}_sync mask={mask:#x} delta={delta} width={width}"
 
 

@@ -26,7 +26,8 @@ __global__ void reduce_atomics(const float* __restrict__ x, int n, float* __rest
 }
 
 // atomicExch hands out a ticket per lane; atomicSub / atomicMin / atomicOr on shared counters.
-__global__ void tickets(int* __restrict__ next, int* __restrict__ got, int* __restrict__ lowest, unsigned* __restrict__ bits) {
+__global__ void tickets(int* __restrict__ next, int* __restrict__ got, int* __restrict__ lowest,
+                        unsigned* __restrict__ bits) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   got[t] = atomicAdd(next, 1);
   atomicMin(lowest, -t);

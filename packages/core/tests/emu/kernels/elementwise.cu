@@ -34,8 +34,9 @@ __global__ void scale4(const float* __restrict__ x, float* __restrict__ y, float
 }
 
 // 16-bit float conversions, one element per lane.
-__global__ void to_16bit(const float* __restrict__ x, unsigned short* __restrict__ h_rn, unsigned short* __restrict__ h_rz,
-                         unsigned short* __restrict__ b_rn, unsigned short* __restrict__ b_rz, int n) {
+__global__ void to_16bit(const float* __restrict__ x, unsigned short* __restrict__ h_rn,
+                         unsigned short* __restrict__ h_rz, unsigned short* __restrict__ b_rn,
+                         unsigned short* __restrict__ b_rz, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   h_rn[i] = __half_as_ushort(__float2half_rn(x[i]));

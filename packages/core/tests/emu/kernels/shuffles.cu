@@ -1,4 +1,5 @@
 // Warp collectives: every lane writes what it received, so the tests see each lane's view.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 // One result per lane for each shuffle flavour; `mask` selects the lanes that take part (the others

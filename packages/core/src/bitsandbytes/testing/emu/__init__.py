@@ -1,4 +1,4 @@
-"""Kernel emulator: runs real CUDA (and Metal) kernel sources on the CPU, for tests.
+"""Kernel emulator: runs real CUDA (and Metal, see ``.metal``) kernel sources on the CPU, for tests.
 
 The kernel source is compiled unchanged by the host C++ compiler through a shim header (``bnb_emu/cuda.h``)
 and runs on a lane scheduler: every thread of a block is a fiber, barriers and warp collectives are where
@@ -32,12 +32,11 @@ __all__ = [
     "Module",
     "find_compiler",
     "include_dir",
-    "load",
     "load_cuda",
+    "skip_unless_available",
     "unavailable_reason",
 ]
 
-DIALECTS = ("cuda", "metal")
 _loaded: dict[tuple, Module] = {}
 
 
@@ -63,22 +62,20 @@ def _exports(kernels) -> dict[str, str]:
     return dict(items)
 
 
-def load(
+def load_cuda(
     source,
     kernels,
     *,
-    dialect: str = "cuda",
     code: str | None = None,
     include_dirs: Iterable = (),
     defines: Mapping[str, object] | None = None,
 ) -> Module:
-    """Compile a kernel source for emulation (or reuse the cached build) and load it.
+    """Compile a CUDA kernel source for emulation (or reuse the cached build) and load it.
 
     Args:
         source: path of the kernel source file; with ``code``, only the name used in messages.
         kernels: the kernels to export: a name, a list of names, or a dict from export name to a C++
             expression naming the kernel (e.g. ``{"sum128": "block_sum<128>"}`` for a template instance).
-        dialect: ``"cuda"`` or ``"metal"`` (selects the shim header ``bnb_emu/<dialect>.h``).
         code: the source text, when it does not come from a file.
         include_dirs: extra include directories (the source's own directory is always searched).
         defines: preprocessor macros, name -> value (None for a bare ``-Dname``).
@@ -87,8 +84,6 @@ def load(
         EmulationCompileError: the source does not compile in emulation (the message has the compiler's).
         EmulationError: no C++ compiler here (the message names what to install).
     """
-    if dialect not in DIALECTS:
-        raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
     exports = _exports(kernels)
     path = Path(os.fspath(source))
     if code is None:
@@ -99,14 +94,18 @@ def load(
         path = path.resolve()
     dirs = [str(path.parent), *(str(Path(d)) for d in include_dirs)]
     defs = dict(defines or {})
-    key = (str(path), code, dialect, tuple(exports.items()), tuple(dirs), tuple(sorted(defs.items(), key=str)))
+    key = (str(path), code, tuple(exports.items()), tuple(dirs), tuple(sorted(defs.items(), key=str)))
     if key not in _loaded:
-        tu = translation_unit(code, str(path), dialect, exports)
-        lib = build(tu, dialect=dialect, label=str(path), include_dirs=dirs, defines=defs)
+        tu = translation_unit(code, str(path), "cuda", exports)
+        lib = build(tu, dialect="cuda", label=str(path), include_dirs=dirs, defines=defs)
         _loaded[key] = Module(lib, path.name, code, exports)
     return _loaded[key]
 
 
-def load_cuda(source, kernels, **kwargs) -> Module:
-    """``load(source, kernels, dialect="cuda", ...)``."""
-    return load(source, kernels, dialect="cuda", **kwargs)
+def skip_unless_available() -> None:
+    """In a test: skip it, naming what is missing, when kernels cannot be emulated here."""
+    reason = unavailable_reason()
+    if reason:
+        import pytest
+
+        pytest.skip(reason)

@@ -25,7 +25,15 @@ CUDA_HEADERS = INCLUDE / "bnb_emu" / "cuda_headers"
 RUNTIME = HERE / "src" / "runtime.cpp"
 
 # -O1 keeps compiles fast; no fp contraction so results do not depend on the host's FMA support.
-CXXFLAGS = ("-std=c++17", "-O1", "-pthread", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-fno-strict-aliasing")
+CXXFLAGS = (
+    "-std=c++17",
+    "-O1",
+    "-pthread",
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+)
 # CUDA sources carry pragmas and attributes the host compiler does not know.
 KERNEL_WARNINGS = ("-Wno-unknown-pragmas", "-Wno-attributes")
 NEED_COMPILER = "a C++ compiler (g++ or clang++)"
@@ -46,7 +54,7 @@ def unavailable_reason() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiler_identity(cxx: str) -> str:
     try:
         out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
@@ -72,7 +80,7 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _emulator_sources_hash() -> str:
     h = hashlib.sha256()
     for p in sorted([*INCLUDE.rglob("*"), RUNTIME]):

@@ -92,7 +92,7 @@ class Kernel:
         self.param_names = names or [f"argument {i}" for i in range(len(self.codes))]
 
     def __repr__(self) -> str:
-        params = ", ".join(f"{_describe(c)} {n}" for c, n in zip(self.codes, self.param_names))
+        params = ", ".join(f"{_describe(c)} {n}" for c, n in zip(self.codes, self.param_names, strict=True))
         return f"<emulated kernel {self.name}({params})>"
 
     def __getitem__(self, launch):
@@ -112,7 +112,7 @@ class Kernel:
             raise TypeError(f"kernel {self.name} takes {len(self.codes)} arguments ({self._params()}), got {len(args)}")
         packed = (_Arg * max(1, len(args)))()
         keep = []  # names and bytes the C side points into, alive for the call
-        for i, (code, value) in enumerate(zip(self.codes, args)):
+        for i, (code, value) in enumerate(zip(self.codes, args, strict=True)):
             self._pack(packed[i], i, code, value, keep)
         rc = self._call(_c_uint3(*g), _c_uint3(*b), ctypes.c_ulonglong(shared), packed, len(args))
         if rc != 0:

@@ -284,7 +284,8 @@ void lane_exited() {
   const size_t base = static_cast<size_t>(l.info.warp) * ws;
   for (size_t k = 0; k < l.info.warp_lanes; ++k) {
     Lane& o = L.lanes[base + k];
-    if (o.state == State::Collective && (o.mask == 0 || (o.mask >> l.info.lane & 1u))) try_complete_collective(o.info.warp, o.mask);
+    if (o.state == State::Collective && (o.mask == 0 || (o.mask >> l.info.lane & 1u)))
+      try_complete_collective(o.info.warp, o.mask);
   }
 }
 
@@ -302,47 +303,55 @@ stack_t g_old_alt;
 char* g_alt = nullptr;
 constexpr size_t kAltSize = 1 << 16;
 
-std::string describe_address(const char* addr) {
+std::string describe_address(const char* addr, const char* access) {
   char buf[512];
-  for (const Region& r : g_regions) {
-    const char* end = r.begin + r.size;
-    if (addr >= end && addr < end + page_size()) {
-      std::snprintf(buf, sizeof buf,
-                    "out-of-bounds access near buffer '%s' (+%zu bytes past its end; it has %zu bytes)", r.name.c_str(),
-                    static_cast<size_t>(addr - end), r.size);
-      return buf;
-    }
-    if (addr < r.begin && addr >= r.begin - 2 * page_size()) {
-      std::snprintf(buf, sizeof buf, "out-of-bounds access near buffer '%s' (%zu bytes before its start)",
-                    r.name.c_str(), static_cast<size_t>(r.begin - addr));
-      return buf;
-    }
-  }
   if (g_launch && g_stacks) {
     size_t per = g_stack_bytes + page_size();
     if (addr >= g_stacks && addr < g_stacks + g_stack_count * per &&
         static_cast<size_t>(addr - g_stacks) % per < page_size())
       return "lane stack overflow (a kernel's local arrays are too large; raise BNB_EMU_STACK_KB)";
   }
-  std::snprintf(buf, sizeof buf, "invalid memory access at %p (not near any kernel buffer)",
-                static_cast<const void*>(addr));
+  // The faulting address is attributed to the nearest kernel buffer (within 64 MiB): a guard page
+  // touches each buffer's end, and an index gone wrong usually lands close to its buffer.
+  const Region* best = nullptr;
+  size_t best_dist = size_t{64} << 20;
+  bool after = false;
+  for (const Region& r : g_regions) {
+    const char* end = r.begin + r.size;
+    if (addr >= end && static_cast<size_t>(addr - end) < best_dist) {
+      best = &r;
+      best_dist = static_cast<size_t>(addr - end);
+      after = true;
+    } else if (addr < r.begin && static_cast<size_t>(r.begin - addr) < best_dist) {
+      best = &r;
+      best_dist = static_cast<size_t>(r.begin - addr);
+      after = false;
+    }
+  }
+  if (best && after)
+    std::snprintf(buf, sizeof buf, "out-of-bounds %s near buffer '%s' (+%zu bytes past its end; it has %zu bytes)",
+                  access, best->name.c_str(), best_dist, best->size);
+  else if (best)
+    std::snprintf(buf, sizeof buf, "out-of-bounds %s near buffer '%s' (%zu bytes before its start)", access,
+                  best->name.c_str(), best_dist);
+  else
+    std::snprintf(buf, sizeof buf, "invalid memory %s at %p (not near any kernel buffer)", access,
+                  static_cast<const void*>(addr));
   return buf;
 }
 
 void on_fault(int sig, siginfo_t* info, void* uctx) {
   (void)uctx;
+  const char* access = "access";
+#if defined(__x86_64__)
+  // The page-fault error code says whether the access was a write.
+  if (sig == SIGSEGV) access = (static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0 ? "write" : "read";
+#endif
   std::string what;
   if (sig == SIGFPE)
     what = "arithmetic exception (integer division by zero?)";
   else
-    what = describe_address(static_cast<const char*>(info->si_addr));
-#if defined(__x86_64__)
-  if (sig == SIGSEGV) {
-    auto* uc = static_cast<ucontext_t*>(uctx);
-    bool write = (uc->uc_mcontext.gregs[REG_ERR] & 2) != 0;
-    what = std::string(write ? "write: " : "read: ") + what;
-  }
-#endif
+    what = describe_address(static_cast<const char*>(info->si_addr), access);
   set_error("%s: %s", where().c_str(), what.c_str());
   abort_launch();
 }
@@ -687,7 +696,8 @@ bool stage_buffers(const char* kernel, const Arg* args, const ArgKind* kinds, si
   return true;
 }
 
-bool unstage_buffers(const char* kernel, const Arg* args, const bool* readonly, size_t n, const GuardedBuffer* buffers) {
+bool unstage_buffers(const char* kernel, const Arg* args, const bool* readonly, size_t n,
+                     const GuardedBuffer* buffers) {
   for (size_t i = 0; i < n; ++i) {
     if (args[i].kind != ARG_BUFFER) continue;
     if (!buffers[i].check_canary(kernel)) return false;

@@ -45,33 +45,34 @@ struct always_false : std::false_type {};
 }  // namespace cuda
 }  // namespace bnb_emu
 
-#define BNB_EMU_UNSUPPORTED(what)                                                                        \
-  ([]() -> int {                                                                                         \
-    static_assert(sizeof(char) == 0, "bnb_emu: " what " is outside the emulated CUDA subset (see the "     \
-                                     "list in docs/pages/emulator.md)");                                 \
-    return 0;                                                                                            \
+#define BNB_EMU_UNSUPPORTED(what)                                                     \
+  ([]() -> int {                                                                      \
+    static_assert(sizeof(char) == 0, "bnb_emu: " what                                 \
+                                     " is outside the emulated CUDA subset (see the " \
+                                     "list in docs/pages/emulator.md)");              \
+    return 0;                                                                         \
   }())
 
 // ---- built-in vector types ---------------------------------------------------------------------------
-#define BNB_EMU_VEC1(name, T, al)   \
+#define BNB_EMU_VEC1(name, T, al)            \
   struct __attribute__((aligned(al))) name { \
-    T x;                            \
-  };                                \
+    T x;                                     \
+  };                                         \
   inline name make_##name(T x) { return name{x}; }
-#define BNB_EMU_VEC2(name, T, al)                \
-  struct __attribute__((aligned(al))) name {     \
-    T x, y;                                      \
-  };                                             \
+#define BNB_EMU_VEC2(name, T, al)            \
+  struct __attribute__((aligned(al))) name { \
+    T x, y;                                  \
+  };                                         \
   inline name make_##name(T x, T y) { return name{x, y}; }
-#define BNB_EMU_VEC3(name, T)                                 \
-  struct name {                                               \
-    T x, y, z;                                                \
-  };                                                          \
+#define BNB_EMU_VEC3(name, T) \
+  struct name {               \
+    T x, y, z;                \
+  };                          \
   inline name make_##name(T x, T y, T z) { return name{x, y, z}; }
-#define BNB_EMU_VEC4(name, T, al)                                            \
-  struct __attribute__((aligned(al))) name {                                 \
-    T x, y, z, w;                                                            \
-  };                                                                         \
+#define BNB_EMU_VEC4(name, T, al)            \
+  struct __attribute__((aligned(al))) name { \
+    T x, y, z, w;                            \
+  };                                         \
   inline name make_##name(T x, T y, T z, T w) { return name{x, y, z, w}; }
 
 BNB_EMU_VEC1(char1, signed char, 1)
@@ -280,26 +281,26 @@ struct __attribute__((aligned(4))) __nv_bfloat162 {
 using half2 = __half2;
 using nv_bfloat162 = __nv_bfloat162;
 
-#define BNB_EMU_HALF_OPS(H)                                                                        \
-  inline H operator+(H a, H b) { return H(static_cast<float>(a) + static_cast<float>(b)); }       \
-  inline H operator-(H a, H b) { return H(static_cast<float>(a) - static_cast<float>(b)); }       \
-  inline H operator*(H a, H b) { return H(static_cast<float>(a) * static_cast<float>(b)); }       \
-  inline H operator/(H a, H b) { return H(static_cast<float>(a) / static_cast<float>(b)); }       \
-  inline H operator-(H a) {                                                                        \
-    H r = a;                                                                                       \
-    r.__x ^= 0x8000u;                                                                              \
-    return r;                                                                                      \
-  }                                                                                                \
-  inline H operator+(H a) { return a; }                                                            \
-  inline H& operator+=(H& a, H b) { return a = a + b; }                                            \
-  inline H& operator-=(H& a, H b) { return a = a - b; }                                            \
-  inline H& operator*=(H& a, H b) { return a = a * b; }                                            \
-  inline H& operator/=(H& a, H b) { return a = a / b; }                                            \
-  inline bool operator==(H a, H b) { return static_cast<float>(a) == static_cast<float>(b); }     \
-  inline bool operator!=(H a, H b) { return static_cast<float>(a) != static_cast<float>(b); }     \
-  inline bool operator<(H a, H b) { return static_cast<float>(a) < static_cast<float>(b); }       \
-  inline bool operator>(H a, H b) { return static_cast<float>(a) > static_cast<float>(b); }       \
-  inline bool operator<=(H a, H b) { return static_cast<float>(a) <= static_cast<float>(b); }     \
+#define BNB_EMU_HALF_OPS(H)                                                                   \
+  inline H operator+(H a, H b) { return H(static_cast<float>(a) + static_cast<float>(b)); }   \
+  inline H operator-(H a, H b) { return H(static_cast<float>(a) - static_cast<float>(b)); }   \
+  inline H operator*(H a, H b) { return H(static_cast<float>(a) * static_cast<float>(b)); }   \
+  inline H operator/(H a, H b) { return H(static_cast<float>(a) / static_cast<float>(b)); }   \
+  inline H operator-(H a) {                                                                   \
+    H r = a;                                                                                  \
+    r.__x ^= 0x8000u;                                                                         \
+    return r;                                                                                 \
+  }                                                                                           \
+  inline H operator+(H a) { return a; }                                                       \
+  inline H& operator+=(H& a, H b) { return a = a + b; }                                       \
+  inline H& operator-=(H& a, H b) { return a = a - b; }                                       \
+  inline H& operator*=(H& a, H b) { return a = a * b; }                                       \
+  inline H& operator/=(H& a, H b) { return a = a / b; }                                       \
+  inline bool operator==(H a, H b) { return static_cast<float>(a) == static_cast<float>(b); } \
+  inline bool operator!=(H a, H b) { return static_cast<float>(a) != static_cast<float>(b); } \
+  inline bool operator<(H a, H b) { return static_cast<float>(a) < static_cast<float>(b); }   \
+  inline bool operator>(H a, H b) { return static_cast<float>(a) > static_cast<float>(b); }   \
+  inline bool operator<=(H a, H b) { return static_cast<float>(a) <= static_cast<float>(b); } \
   inline bool operator>=(H a, H b) { return static_cast<float>(a) >= static_cast<float>(b); }
 BNB_EMU_HALF_OPS(__half)
 BNB_EMU_HALF_OPS(__nv_bfloat16)
@@ -341,27 +342,23 @@ inline float __low2float(__half2 h) { return __half2float(h.x); }
 inline float __high2float(__half2 h) { return __half2float(h.y); }
 
 inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16_raw{::bnb_emu::cuda::float_to_bf16_rn(f)}; }
-inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  return __nv_bfloat16_raw{::bnb_emu::cuda::float_to_bf16_rn(f)};
-}
-inline __nv_bfloat16 __float2bfloat16_rz(float f) {
-  return __nv_bfloat16_raw{::bnb_emu::cuda::float_to_bf16_rz(f)};
-}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16_raw{::bnb_emu::cuda::float_to_bf16_rn(f)}; }
+inline __nv_bfloat16 __float2bfloat16_rz(float f) { return __nv_bfloat16_raw{::bnb_emu::cuda::float_to_bf16_rz(f)}; }
 inline float __bfloat162float(__nv_bfloat16 b) { return ::bnb_emu::cuda::bf16_to_float(b.__x); }
 inline __nv_bfloat16 __double2bfloat16(double d) { return __float2bfloat16_rn(static_cast<float>(d)); }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 inline short __bfloat16_as_short(__nv_bfloat16 b) { return static_cast<short>(b.__x); }
 inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16_raw{u}; }
 inline __nv_bfloat16 __short_as_bfloat16(short s) { return __nv_bfloat16_raw{static_cast<unsigned short>(s)}; }
-inline __nv_bfloat162 __float2bfloat162_rn(float f) { return __nv_bfloat162{__float2bfloat16_rn(f), __float2bfloat16_rn(f)}; }
+inline __nv_bfloat162 __float2bfloat162_rn(float f) {
+  return __nv_bfloat162{__float2bfloat16_rn(f), __float2bfloat16_rn(f)};
+}
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
 }
 inline __nv_bfloat162 __halves2bfloat162(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat162{a, b}; }
 inline __nv_bfloat162 __bfloat162bfloat162(__nv_bfloat16 a) { return __nv_bfloat162{a, a}; }
-inline float2 __bfloat1622float2(__nv_bfloat162 h) {
-  return float2{__bfloat162float(h.x), __bfloat162float(h.y)};
-}
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return float2{__bfloat162float(h.x), __bfloat162float(h.y)}; }
 inline __nv_bfloat162 __float22bfloat162_rn(float2 f) {
   return __nv_bfloat162{__float2bfloat16_rn(f.x), __float2bfloat16_rn(f.y)};
 }
@@ -369,29 +366,29 @@ inline __nv_bfloat16 __low2bfloat16(__nv_bfloat162 h) { return h.x; }
 inline __nv_bfloat16 __high2bfloat16(__nv_bfloat162 h) { return h.y; }
 
 // Half / bfloat16 arithmetic intrinsics.
-#define BNB_EMU_HALF_FNS(H, P)                                                                            \
-  inline H P##add(H a, H b) { return a + b; }                                                             \
-  inline H P##sub(H a, H b) { return a - b; }                                                             \
-  inline H P##mul(H a, H b) { return a * b; }                                                             \
-  inline H P##div(H a, H b) { return a / b; }                                                             \
-  inline H P##neg(H a) { return -a; }                                                                     \
-  inline H P##abs(H a) {                                                                                  \
-    H r = a;                                                                                              \
-    r.__x &= 0x7fffu;                                                                                     \
-    return r;                                                                                             \
-  }                                                                                                       \
-  inline H P##fma(H a, H b, H c) {                                                                        \
-    return H(static_cast<float>(std::fma(static_cast<double>(static_cast<float>(a)),                      \
-                                         static_cast<double>(static_cast<float>(b)),                      \
-                                         static_cast<double>(static_cast<float>(c)))));                   \
-  }                                                                                                       \
-  inline H P##max(H a, H b) { return std::fmax(static_cast<float>(a), static_cast<float>(b)); }           \
-  inline H P##min(H a, H b) { return std::fmin(static_cast<float>(a), static_cast<float>(b)); }           \
-  inline bool P##eq(H a, H b) { return a == b; }                                                          \
-  inline bool P##ne(H a, H b) { return a != b; }                                                          \
-  inline bool P##lt(H a, H b) { return a < b; }                                                           \
-  inline bool P##le(H a, H b) { return a <= b; }                                                          \
-  inline bool P##gt(H a, H b) { return a > b; }                                                           \
+#define BNB_EMU_HALF_FNS(H, P)                                                                  \
+  inline H P##add(H a, H b) { return a + b; }                                                   \
+  inline H P##sub(H a, H b) { return a - b; }                                                   \
+  inline H P##mul(H a, H b) { return a * b; }                                                   \
+  inline H P##div(H a, H b) { return a / b; }                                                   \
+  inline H P##neg(H a) { return -a; }                                                           \
+  inline H P##abs(H a) {                                                                        \
+    H r = a;                                                                                    \
+    r.__x &= 0x7fffu;                                                                           \
+    return r;                                                                                   \
+  }                                                                                             \
+  inline H P##fma(H a, H b, H c) {                                                              \
+    return H(static_cast<float>(std::fma(static_cast<double>(static_cast<float>(a)),            \
+                                         static_cast<double>(static_cast<float>(b)),            \
+                                         static_cast<double>(static_cast<float>(c)))));         \
+  }                                                                                             \
+  inline H P##max(H a, H b) { return std::fmax(static_cast<float>(a), static_cast<float>(b)); } \
+  inline H P##min(H a, H b) { return std::fmin(static_cast<float>(a), static_cast<float>(b)); } \
+  inline bool P##eq(H a, H b) { return a == b; }                                                \
+  inline bool P##ne(H a, H b) { return a != b; }                                                \
+  inline bool P##lt(H a, H b) { return a < b; }                                                 \
+  inline bool P##le(H a, H b) { return a <= b; }                                                \
+  inline bool P##gt(H a, H b) { return a > b; }                                                 \
   inline bool P##ge(H a, H b) { return a >= b; }
 BNB_EMU_HALF_FNS(__half, __h)
 inline __half hsqrt(__half a) { return std::sqrt(static_cast<float>(a)); }
@@ -403,7 +400,9 @@ inline bool __hisinf(__half a) { return std::isinf(static_cast<float>(a)) ? 1 : 
 inline __half2 __hadd2(__half2 a, __half2 b) { return __half2{a.x + b.x, a.y + b.y}; }
 inline __half2 __hmul2(__half2 a, __half2 b) { return __half2{a.x * b.x, a.y * b.y}; }
 inline __half2 __hsub2(__half2 a, __half2 b) { return __half2{a.x - b.x, a.y - b.y}; }
-inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) { return __half2{__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)}; }
+inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+  return __half2{__hfma(a.x, b.x, c.x), __hfma(a.y, b.y, c.y)};
+}
 
 // bfloat16 intrinsics carry the same names with "__h" (cuda_bf16.h overloads them on the type).
 inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) { return a + b; }
@@ -508,9 +507,7 @@ inline int __mulhi(int a, int b) { return static_cast<int>((static_cast<long lon
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
 }
-inline int __mul24(int a, int b) {
-  return static_cast<int>(static_cast<long long>((a << 8) >> 8) * ((b << 8) >> 8));
-}
+inline int __mul24(int a, int b) { return static_cast<int>(static_cast<long long>((a << 8) >> 8) * ((b << 8) >> 8)); }
 inline unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
 inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned shift) {
   const unsigned long long v = (static_cast<unsigned long long>(hi) << 32) | lo;
@@ -604,9 +601,11 @@ inline T rmw(T* p, F f) {
 }  // namespace cuda
 }  // namespace bnb_emu
 
-#define BNB_EMU_ATOMIC(name, T, expr)                                                      \
-  inline T name(T* p, T v) { return ::bnb_emu::cuda::rmw(p, [v](T o) -> T { return expr; }); } \
-  inline T name##_block(T* p, T v) { return name(p, v); }                                  \
+#define BNB_EMU_ATOMIC(name, T, expr)                               \
+  inline T name(T* p, T v) {                                        \
+    return ::bnb_emu::cuda::rmw(p, [v](T o) -> T { return expr; }); \
+  }                                                                 \
+  inline T name##_block(T* p, T v) { return name(p, v); }           \
   inline T name##_system(T* p, T v) { return name(p, v); }
 
 BNB_EMU_ATOMIC(atomicAdd, int, o + v)
@@ -630,9 +629,9 @@ BNB_EMU_ATOMIC(atomicMin, int, o < v ? o : v)
 BNB_EMU_ATOMIC(atomicMin, unsigned int, o < v ? o : v)
 BNB_EMU_ATOMIC(atomicMin, long long, o < v ? o : v)
 BNB_EMU_ATOMIC(atomicMin, unsigned long long, o < v ? o : v)
-BNB_EMU_ATOMIC(atomicAnd, int, o & v)
-BNB_EMU_ATOMIC(atomicAnd, unsigned int, o & v)
-BNB_EMU_ATOMIC(atomicAnd, unsigned long long, o & v)
+BNB_EMU_ATOMIC(atomicAnd, int, o& v)
+BNB_EMU_ATOMIC(atomicAnd, unsigned int, o& v)
+BNB_EMU_ATOMIC(atomicAnd, unsigned long long, o& v)
 BNB_EMU_ATOMIC(atomicOr, int, o | v)
 BNB_EMU_ATOMIC(atomicOr, unsigned int, o | v)
 BNB_EMU_ATOMIC(atomicOr, unsigned long long, o | v)
@@ -642,12 +641,12 @@ BNB_EMU_ATOMIC(atomicXor, unsigned long long, o ^ v)
 BNB_EMU_ATOMIC(atomicInc, unsigned int, o >= v ? 0u : o + 1u)
 BNB_EMU_ATOMIC(atomicDec, unsigned int, (o == 0u || o > v) ? v : o - 1u)
 
-#define BNB_EMU_ATOMIC_CAS(T)                                                \
-  inline T atomicCAS(T* p, T compare, T v) {                                 \
-    T old = *p;                                                              \
-    if (old == compare) *p = v;                                              \
-    return old;                                                              \
-  }                                                                          \
+#define BNB_EMU_ATOMIC_CAS(T)                                                         \
+  inline T atomicCAS(T* p, T compare, T v) {                                          \
+    T old = *p;                                                                       \
+    if (old == compare) *p = v;                                                       \
+    return old;                                                                       \
+  }                                                                                   \
   inline T atomicCAS_block(T* p, T compare, T v) { return atomicCAS(p, compare, v); } \
   inline T atomicCAS_system(T* p, T compare, T v) { return atomicCAS(p, compare, v); }
 BNB_EMU_ATOMIC_CAS(int)
@@ -713,8 +712,8 @@ inline T shuffle(const char* site, const char* what, ShflMode mode, unsigned mas
   }
   if (!in_range) return var;
   if (j < 0 || j > 31 || !(mask >> j & 1u))
-    fail("%s at %s: lane %d reads lane %d, which is not in the mask 0x%08x (on hardware: an undefined value)",
-         what, site, me, j, mask);
+    fail("%s at %s: lane %d reads lane %d, which is not in the mask 0x%08x (on hardware: an undefined value)", what,
+         site, me, j, mask);
   return all[j];
 }
 
@@ -767,8 +766,8 @@ inline T reduce(const char* site, const char* what, unsigned mask, T v, Op op) {
 #define __syncthreads_and(p) \
   static_cast<int>(::bnb_emu::barrier_sum(BNB_EMU_SITE, "__syncthreads_and", (p) ? 0u : 1u) == 0)
 #define __syncwarp(...) ::bnb_emu::cuda::SyncWarp{BNB_EMU_SITE}(__VA_ARGS__)
-#define BNB_EMU_SHFL(mode, what, mask, var, b, ...)                                                    \
-  ::bnb_emu::cuda::shuffle(BNB_EMU_SITE, what, ::bnb_emu::cuda::ShflMode::mode,                       \
+#define BNB_EMU_SHFL(mode, what, mask, var, b, ...)                                                         \
+  ::bnb_emu::cuda::shuffle(BNB_EMU_SITE, what, ::bnb_emu::cuda::ShflMode::mode,                             \
                            ::bnb_emu::cuda::full_or(static_cast<unsigned>(mask)), var, static_cast<int>(b), \
                            ::bnb_emu::cuda::shfl_width(__VA_ARGS__))
 namespace bnb_emu {
@@ -782,20 +781,20 @@ inline int shfl_width(int w = 32) { return w; }
 #define __shfl_xor_sync(mask, var, m, ...) BNB_EMU_SHFL(Xor, "__shfl_xor_sync", mask, var, m, ##__VA_ARGS__)
 #define __ballot_sync(mask, pred) ::bnb_emu::cuda::ballot(BNB_EMU_SITE, "__ballot_sync", mask, pred)
 #define __any_sync(mask, pred) (::bnb_emu::cuda::ballot(BNB_EMU_SITE, "__any_sync", mask, pred) != 0u)
-#define __all_sync(mask, pred)                                                               \
-  (::bnb_emu::cuda::ballot(BNB_EMU_SITE, "__all_sync", mask, pred) ==                        \
+#define __all_sync(mask, pred)                                        \
+  (::bnb_emu::cuda::ballot(BNB_EMU_SITE, "__all_sync", mask, pred) == \
    (static_cast<unsigned>(mask) & ::bnb_emu::warp_mask()))
-#define __reduce_add_sync(mask, v)                                                             \
+#define __reduce_add_sync(mask, v) \
   ::bnb_emu::cuda::reduce(BNB_EMU_SITE, "__reduce_add_sync", mask, v, [](auto a, auto b) { return a + b; })
-#define __reduce_min_sync(mask, v)                                                             \
+#define __reduce_min_sync(mask, v) \
   ::bnb_emu::cuda::reduce(BNB_EMU_SITE, "__reduce_min_sync", mask, v, [](auto a, auto b) { return a < b ? a : b; })
-#define __reduce_max_sync(mask, v)                                                             \
+#define __reduce_max_sync(mask, v) \
   ::bnb_emu::cuda::reduce(BNB_EMU_SITE, "__reduce_max_sync", mask, v, [](auto a, auto b) { return a > b ? a : b; })
-#define __reduce_and_sync(mask, v)                                                             \
+#define __reduce_and_sync(mask, v) \
   ::bnb_emu::cuda::reduce(BNB_EMU_SITE, "__reduce_and_sync", mask, v, [](auto a, auto b) { return a & b; })
-#define __reduce_or_sync(mask, v)                                                              \
+#define __reduce_or_sync(mask, v) \
   ::bnb_emu::cuda::reduce(BNB_EMU_SITE, "__reduce_or_sync", mask, v, [](auto a, auto b) { return a | b; })
-#define __reduce_xor_sync(mask, v)                                                             \
+#define __reduce_xor_sync(mask, v) \
   ::bnb_emu::cuda::reduce(BNB_EMU_SITE, "__reduce_xor_sync", mask, v, [](auto a, auto b) { return a ^ b; })
 
 // ---- outside the subset: a compile error that says so --------------------------------------------------
@@ -817,7 +816,7 @@ inline int shfl_width(int w = 32) { return w; }
 #define __cvta_generic_to_shared(...) BNB_EMU_UNSUPPORTED("__cvta_generic_to_shared (address spaces)")
 #define __pipeline_memcpy_async(...) BNB_EMU_UNSUPPORTED("__pipeline_memcpy_async (cp.async)")
 // Inline PTX cannot run on the host.
-#define asm BNB_EMU_UNSUPPORTED_inline_asm_PTX_is_outside_the_emulated_subset
+#define asm BNB_EMU_UNSUPPORTED("inline asm (PTX)");
 
 // ---- launching ---------------------------------------------------------------------------------------
 namespace bnb_emu {
@@ -860,13 +859,13 @@ int call_exported(const char* name, F kernel, const unsigned* grid, const unsign
 
 // Exports kernel `...` (a function name or a template instance) to Python as NAME:
 // bnb_emu_signature_NAME() -> parameter codes; bnb_emu_call_NAME(grid[3], block[3], shmem, args, nargs).
-#define BNB_EMU_CUDA_EXPORT(NAME, ...)                                                                    \
-  BNB_EMU_EXPORT_C const char* bnb_emu_signature_##NAME() {                                              \
-    static char sig[1024];                                                                                \
-    ::bnb_emu::Signature<decltype(&(__VA_ARGS__))>::describe(sig, sizeof sig);                            \
-    return sig;                                                                                           \
-  }                                                                                                       \
-  BNB_EMU_EXPORT_C int bnb_emu_call_##NAME(const unsigned* grid, const unsigned* block,                   \
-                                           unsigned long long shmem, const ::bnb_emu::Arg* args, int nargs) { \
-    return ::bnb_emu::cuda::call_exported(#NAME, &(__VA_ARGS__), grid, block, shmem, args, nargs);        \
+#define BNB_EMU_CUDA_EXPORT(NAME, ...)                                                                            \
+  BNB_EMU_EXPORT_C const char* bnb_emu_signature_##NAME() {                                                       \
+    static char sig[1024];                                                                                        \
+    ::bnb_emu::Signature<decltype(&(__VA_ARGS__))>::describe(sig, sizeof sig);                                    \
+    return sig;                                                                                                   \
+  }                                                                                                               \
+  BNB_EMU_EXPORT_C int bnb_emu_call_##NAME(const unsigned* grid, const unsigned* block, unsigned long long shmem, \
+                                           const ::bnb_emu::Arg* args, int nargs) {                               \
+    return ::bnb_emu::cuda::call_exported(#NAME, &(__VA_ARGS__), grid, block, shmem, args, nargs);                \
   }

@@ -205,8 +205,10 @@ constexpr ArgKind kind_of() {
 
 template <class T>
 constexpr bool points_to_const() {
-  if constexpr (std::is_pointer<T>::value) return std::is_const<std::remove_pointer_t<T>>::value;
-  else return false;
+  if constexpr (std::is_pointer<T>::value)
+    return std::is_const<std::remove_pointer_t<T>>::value;
+  else
+    return false;
 }
 
 // Turns one C ABI argument into a kernel parameter; `buffers[index]` is the guarded copy for pointers.

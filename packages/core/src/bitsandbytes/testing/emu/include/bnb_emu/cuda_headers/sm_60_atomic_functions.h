@@ -1,3 +1,4 @@
-// Stand-in for <sm_60_atomic_functions.h> in emulation: everything the emulated subset offers comes from bnb_emu/cuda.h.
+// Stand-in for <sm_60_atomic_functions.h> in emulation: everything the emulated subset offers comes from
+// bnb_emu/cuda.h.
 #pragma once
 #include "bnb_emu/cuda.h"
