@@ -67,6 +67,7 @@ _KNOWN_ATTRIBUTE = re.compile(
     + "|".join(_CXX_ATTRIBUTES),
     re.S,
 )
+_GRAPHICS_FUNCTION = re.compile(r"^[ \t]*(?:\[\[[^\]]*\]\]\s*)?\b(vertex|fragment)\s+[\w:<>]+\s+\w+\s*\(", re.M)
 _FLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)([fFhH]?)(?![\w.])")
 _DOUBLE_CONST = re.compile(r"\bconst\s+constant\b|\bconstant\s+const\b")
 
@@ -229,6 +230,9 @@ def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
 def translate(source: str, filename: str = "kernel.metal") -> tuple[str, list[KernelEntry]]:
     """The C++ text of a Metal source (without the shim include) and the kernels it exports."""
     blanked = _COMMENT_OR_STRING.sub(_blank, source)
+    for m in _GRAPHICS_FUNCTION.finditer(blanked):
+        where = f"{filename}:{_line_of(source, m.start())}"
+        raise MetalSubsetError(f"{where}: {m.group(1)} functions are outside the emulated Metal subset (kernels only)")
     entries: list[KernelEntry] = []
     templates: dict[str, list[KernelParam]] = {}
     max_threads: dict[str, int] = {}
