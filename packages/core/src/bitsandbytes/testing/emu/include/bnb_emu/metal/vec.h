@@ -1,8 +1,8 @@
 // Metal vector types (float4, half2, uchar4, bool3, ...) for the emulator.
 // Layout follows MSL: a 3-component vector has the size and alignment of a 4-component one
 // (float3 is 16 bytes), every vector is aligned to its own size. Components are reachable as
-// .x .y .z .w / .r .g .b .a, by index, and through swizzles (.xy, .zyx, .rgba, ...; swizzles.inc
-// is generated: every 2-, 3- and 4-letter combination of each vector's components).
+// .x .y .z .w / .r .g .b .a, by index, and through swizzles (.xy, .zyx, .rgba, ...: every 2-, 3- and
+// 4-letter combination of each vector's components, listed in swizzles.inc, which says how to regenerate it).
 #pragma once
 
 #include <cstddef>
