@@ -202,7 +202,8 @@ def test_front_end_reads_attributes_and_rewrites_literals():
 
     source = (
         "kernel void k(device float* a [[buffer(1)]], device float* b, uint i [[thread_position_in_grid]]) {\n"
-        "  threadgroup float s[4];\n  threadgroup float* p = s;\n  a[i] = 1.0 + 2.5e-1 + 1.0f + 0.5h;\n}\n"
+        "  threadgroup float s[4];\n  threadgroup float* p = s;\n  a[i] = 1.0 + 2.5e-1 + 1.0f + 0.5h;\n"
+        "#pragma unroll\n  [[maybe_unused]] threadgroup uint t[2][3];\n}\n"
     )
     body, entries = translate(source)
     (e,) = entries
@@ -212,6 +213,7 @@ def test_front_end_reads_attributes_and_rewrites_literals():
         ("i", None, "THREAD_POSITION_IN_GRID"),
     ]
     assert "BNB_EMU_THREADGROUP_VAR float s[4];" in body
+    assert "[[maybe_unused]] BNB_EMU_THREADGROUP_VAR uint t[2][3];" in body
     assert "threadgroup float* p = s;" in body  # a pointer keeps its (empty) qualifier
     assert "1.0f + 2.5e-1f + 1.0f + half(0.5f)" in body
     assert body.count("\n") == source.count("\n")  # line numbers stay those of the source

@@ -184,8 +184,8 @@ def _rewrite_threadgroup(text: str, blanked: str, filename: str) -> list[tuple[i
         j = m.start() - 1
         while j >= 0 and blanked[j] in " \t\r\n":
             j -= 1
-        if j >= 0 and blanked[j] not in "{};:":
-            continue  # a qualifier inside a type: parameter, cast, template argument
+        if j >= 0 and blanked[j] in "(,<":
+            continue  # a qualifier inside a parameter list, cast or template argument
         end = blanked.find(";", m.end())
         decl = blanked[m.end() : end]
         head = decl.split("=", 1)[0]
@@ -208,7 +208,7 @@ def _rewrite_literals(blanked: str) -> list[tuple[int, int, str]]:
         if blanked[line_start : m.start()].lstrip().startswith("#") and "define" not in blanked[line_start : m.start()]:
             continue  # numbers in #if/#line/#pragma stay
         number, suffix = m.group(1), m.group(2)
-        if suffix in "fF" and suffix:
+        if suffix in ("f", "F"):
             continue
         if suffix in ("h", "H"):
             edits.append((m.start(), m.end(), f"half({number}f)"))
