@@ -1,2 +1,3 @@
 // <cub/block/block_radix_sort.cuh> is outside the emulated CUDA subset.
-#error "bnb_emu: <cub/block/block_radix_sort.cuh> (CUB) is outside the emulated CUDA subset; see the list in docs/pages/emulator.md"
+#error \
+    "bnb_emu: <cub/block/block_radix_sort.cuh> (CUB) is outside the emulated CUDA subset; see the list in docs/pages/emulator.md"
