@@ -3,8 +3,12 @@ tail blocks, 2-D launches, atomics from many lanes and blocks, and determinism."
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
+
+from bitsandbytes.testing import emu
 
 REDUCE = {"sum128": "block_sum<128>", "sum256": "block_sum<256>", "warp_block_sum": "warp_block_sum"}
 
@@ -118,3 +122,16 @@ def test_same_result_every_run(reduce, atomics, cuda_kernels):
         reduce.warp_block_sum[16, 256, 32](x, warp_total, x.numel())
         results.append((total.view(torch.int32).item(), warp_total.view(torch.int32).item()))
     assert results[0] == results[1] == results[2]
+
+
+def test_host_code_launches_with_bnb_emu_launch(cuda_kernels, tmp_path):
+    code = """
+__global__ void fill(float* out, float v) { out[blockIdx.x * blockDim.x + threadIdx.x] = v; }
+extern "C" __attribute__((visibility("default"))) int host_fill(float* out) {
+  return BNB_EMU_LAUNCH(fill, dim3(2), dim3(32), 0, out, 2.5f);  // fill<<<2, 32>>>(out, 2.5f)
+}
+"""
+    mod = emu.load_cuda(tmp_path / "host.cu", ["fill"], code=code)
+    out = torch.zeros(64)
+    assert ctypes.CDLL(str(mod.path)).host_fill(ctypes.c_void_p(out.data_ptr())) == 0
+    assert torch.equal(out, torch.full((64,), 2.5))

@@ -20,6 +20,7 @@ BUGS = [
     "shuffle_outside_mask",
     "shuffle_after_exit",
     "shared_overflow",
+    "wait_for_next_block",
 ]
 
 
@@ -106,6 +107,14 @@ def test_collective_naming_an_exited_lane(bugs):
     ints = torch.zeros(32, dtype=torch.int32)
     with pytest.raises(EmulationError, match=r"mask 0xffffffff names lane 16, which has exited"):
         bugs.shuffle_after_exit[1, 32](ints, ints.clone())
+
+
+def test_a_spinning_lane_times_out_instead_of_hanging(bugs, monkeypatch):
+    monkeypatch.setenv("BNB_EMU_TIMEOUT", "0.5")
+    with pytest.raises(EmulationError, match=r"block \(0,0,0\).*did not finish within 0.5 s \(BNB_EMU_TIMEOUT\)"):
+        bugs.wait_for_next_block[2, 32](torch.zeros(1, dtype=torch.int32))
+    # The flag is set before the spin when block 0 finds it already raised.
+    bugs.wait_for_next_block[2, 32](torch.ones(1, dtype=torch.int32))
 
 
 def test_the_module_still_works_after_a_failed_launch(bugs):

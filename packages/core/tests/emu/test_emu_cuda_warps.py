@@ -11,7 +11,7 @@ FULL = 0xFFFFFFFF
 
 @pytest.fixture(scope="module")
 def warps(cuda_kernels):
-    return cuda_kernels("shuffles.cu", ["shuffles", "shuffle_types", "votes", "warp_rotate"])
+    return cuda_kernels("shuffles.cu", ["shuffles", "shuffle_types", "votes", "warp_rotate", "block_votes"])
 
 
 def _expected(values: list[int], mask: int, delta: int, width: int) -> list[list[int]]:
@@ -94,3 +94,12 @@ def test_syncwarp_orders_shared_memory_within_a_warp(warps):
     out = torch.zeros(32)
     warps.warp_rotate[1, 32](x, out)
     assert torch.equal(out, torch.roll(x, -1))
+
+
+def test_block_votes_and_warp_reduce(warps):
+    pred = torch.zeros(3, 64, dtype=torch.int32)
+    pred[0, [1, 5, 40]] = 1  # some
+    pred[1] = 1  # all
+    out = torch.zeros(12, dtype=torch.int32)
+    warps.block_votes[3, 64](pred.flatten(), out)
+    assert out.view(3, 4).tolist() == [[3, 1, 0, 2], [64, 1, 1, 32], [0, 0, 0, 0]]

@@ -68,3 +68,14 @@ __global__ void shared_overflow(float* __restrict__ out, int count) {
   __syncthreads();
   if (threadIdx.x == 0) out[0] = scratch[count - 1];
 }
+
+// Block 0 waits for a flag that block 1 sets: fine on a GPU that runs both at once, but blocks run one
+// after another in emulation, so block 0 spins forever (reported after BNB_EMU_TIMEOUT seconds).
+__global__ void wait_for_next_block(volatile int* flag) {
+  if (blockIdx.x == 0) {
+    while (flag[0] == 0) {
+    }
+  } else if (threadIdx.x == 0) {
+    flag[0] = 1;
+  }
+}

@@ -49,3 +49,19 @@ __global__ void warp_rotate(const float* __restrict__ in, float* __restrict__ ou
   __syncwarp();
   out[lane] = s[(lane + 1) % 32];
 }
+
+// Block-wide votes (__syncthreads_count/_or/_and) and a warp reduction (__reduce_add_sync); thread 0 of
+// each block writes count, or, and, and its warp's sum.
+__global__ void block_votes(const int* __restrict__ pred, int* __restrict__ out) {
+  const int p = pred[blockIdx.x * blockDim.x + threadIdx.x];
+  const int count = __syncthreads_count(p);
+  const int any = __syncthreads_or(p);
+  const int all = __syncthreads_and(p);
+  const unsigned warp_sum = __reduce_add_sync(0xffffffffu, static_cast<unsigned>(p));
+  if (threadIdx.x == 0) {
+    out[4 * blockIdx.x] = count;
+    out[4 * blockIdx.x + 1] = any;
+    out[4 * blockIdx.x + 2] = all;
+    out[4 * blockIdx.x + 3] = static_cast<int>(warp_sum);
+  }
+}

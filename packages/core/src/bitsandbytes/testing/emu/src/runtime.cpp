@@ -8,18 +8,27 @@
 #ifdef _FORTIFY_SOURCE
 #undef _FORTIFY_SOURCE  // __longjmp_chk rejects the cross-stack jumps fibers are made of
 #endif
+#if defined(__APPLE__)  // macOS keeps the ucontext routines behind these (untested here: no Mac in CI)
+#define _XOPEN_SOURCE 700
+#define _DARWIN_C_SOURCE 1
+#endif
 #include "bnb_emu/runtime.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +86,7 @@ struct Launch {
   size_t at_barrier = 0;
   jmp_buf sched;
   sigjmp_buf abort_jb;
+  volatile bool in_grid = false;  // the worker is between sigsetjmp and the end of the last block
   bool in_lane = false;
   GuardedBuffer* shared = nullptr;
 };
@@ -340,6 +350,22 @@ std::string describe_address(const char* addr, const char* access) {
   return buf;
 }
 
+// Set by the launching thread when the launch ran past BNB_EMU_TIMEOUT; the worker is then sent kTimeoutSignal.
+std::atomic<bool> g_timed_out{false};
+double g_timeout_s = 0;
+constexpr int kTimeoutSignal = SIGUSR2;
+
+void on_timeout(int, siginfo_t*, void*) {
+  // The handler stays installed after a launch (a late signal must never kill the process), so check
+  // that this thread is a launch's worker that was told to stop.
+  if (!g_launch || !g_timed_out.load() || !g_launch->in_grid) return;
+  set_error(
+      "%s: the launch did not finish within %g s (BNB_EMU_TIMEOUT): a lane loops without reaching a barrier "
+      "or collective (spinning on a value another block or lane writes? blocks run one after another here)",
+      where().c_str(), g_timeout_s);
+  abort_launch();
+}
+
 void on_fault(int sig, siginfo_t* info, void* uctx) {
   (void)uctx;
   const char* access = "access";
@@ -371,6 +397,8 @@ bool install_handlers() {
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
   sigemptyset(&sa.sa_mask);
   for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &g_old[i]);
+  sa.sa_sigaction = on_timeout;
+  sigaction(kTimeoutSignal, &sa, nullptr);
   return true;
 }
 
@@ -435,6 +463,7 @@ int run_grid(Launch& L) {
   }
   int rc = 0;
   if (sigsetjmp(L.abort_jb, 1) == 0) {
+    L.in_grid = true;
     for (uint32_t z = 0; z < cfg.grid.z; ++z)
       for (uint32_t y = 0; y < cfg.grid.y; ++y)
         for (uint32_t x = 0; x < cfg.grid.x; ++x) {
@@ -444,6 +473,7 @@ int run_grid(Launch& L) {
   } else {
     rc = 1;
   }
+  L.in_grid = false;
   restore_handlers();
   return rc;
 }
@@ -580,10 +610,36 @@ int launch(const LaunchConfig& cfg, KernelBody body, void* ctx) {
 
   // Each launch runs on a fresh host thread: the shims keep static __shared__ arrays thread_local, so
   // every launch starts them zeroed, whatever an earlier launch left there (determinism across runs).
+  // A lane that spins forever (waiting on another block, which never runs concurrently here) would hang
+  // the process; past BNB_EMU_TIMEOUT seconds (default 120, 0 = never) the worker is interrupted.
+  const char* env = std::getenv("BNB_EMU_TIMEOUT");
+  g_timeout_s = env ? std::strtod(env, nullptr) : 120.0;
+  g_timed_out = false;
   g_launch = &L;
   int rc = 0;
-  std::thread worker([&]() { rc = run_grid(L); });
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread worker([&]() {
+    int r = run_grid(L);
+    std::lock_guard<std::mutex> lock(m);
+    rc = r;
+    done = true;
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(m);
+    if (g_timeout_s > 0) {
+      auto limit = std::chrono::duration<double>(g_timeout_s);
+      if (!cv.wait_for(lock, limit, [&] { return done; })) {
+        g_timed_out = true;
+        pthread_kill(worker.native_handle(), kTimeoutSignal);
+      }
+    }
+    cv.wait(lock, [&] { return done; });
+  }
   worker.join();
+  g_timed_out = false;
   g_launch = nullptr;
   if (rc == 0 && L.shared && !shared.check_canary(cfg.kernel)) rc = 1;
   return rc;

@@ -1,13 +1,16 @@
 // The lane scheduler shared by the CUDA and Metal shims (test-only; compiled by the host C++ compiler).
 //
-// A launch runs every block (threadgroup) of the grid, one after the other, in a fixed order. Within a
-// block every thread is a fiber; one host thread runs them round-robin in index order. A lane runs until
-// it reaches a yield point: a block barrier or a warp (SIMD-group) collective, where all participating
-// lanes meet. Nothing else switches lanes, so the result of a launch is the same on every run.
+// A launch runs every block (threadgroup) of the grid, one after the other, in a fixed order, on a fresh
+// host thread (so thread_local data, such as the CUDA shim's static __shared__ arrays, starts zeroed at
+// every launch). Within a block every thread is a fiber; that host thread runs them round-robin in index
+// order. A lane runs until it reaches a yield point: a block barrier or a warp (SIMD-group) collective,
+// where all participating lanes meet. Nothing else switches lanes, so the result of a launch is the same
+// on every run.
 //
 // Everything a launch can get wrong (a barrier some lanes never reach, a fault in a kernel buffer, an
-// unsupported use of a collective) ends the launch with an error message; `launch` returns nonzero and
-// `last_error()` says what happened, naming the kernel, the block and lane, and the source site.
+// unsupported use of a collective, a lane spinning past BNB_EMU_TIMEOUT seconds) ends the launch with an
+// error message; `launch` returns nonzero and `last_error()` says what happened, naming the kernel, the
+// block and lane, and the source site.
 //
 // API stability: the shims (cuda.h, metal.h) and the Python loader build on this header; it only grows.
 #pragma once
