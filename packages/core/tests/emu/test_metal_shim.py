@@ -27,8 +27,10 @@ def _errors():
 
 
 def test_compile_shader_call_convention():
+    from bitsandbytes.testing import emu
+
     # torch's own example: no buffer indices (implied by order), a float scalar bound as a constant.
-    lib = _lib(
+    lib = emu.metal_library(
         "kernel void full(device float* out, constant float& val, uint idx [[thread_position_in_grid]])"
         " { out[idx] = val; }"
     )
@@ -217,3 +219,12 @@ def test_front_end_reads_attributes_and_rewrites_literals():
     assert "threadgroup float* p = s;" in body  # a pointer keeps its (empty) qualifier
     assert "1.0f + 2.5e-1f + 1.0f + half(0.5f)" in body
     assert body.count("\n") == source.count("\n")  # line numbers stay those of the source
+
+
+def test_metal_shim_ships_with_the_package():
+    from importlib.resources import files
+
+    root = files("bitsandbytes.testing.emu")
+    names = ["metal.h", "metal/scalar.h", "metal/vec.h", "metal/swizzles.inc", "metal/math.h", "metal/atomic.h"]
+    for name in [*names, "metal/simd.h", "metal_headers/metal_stdlib", "metal_headers/metal_simdgroup"]:
+        assert root.joinpath("include/bnb_emu", name).is_file(), name
