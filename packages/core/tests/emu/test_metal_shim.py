@@ -136,6 +136,8 @@ def test_bad_arguments_are_named():
         lib.copy_all(x, torch.zeros(4, 2)[:, 0])
     with pytest.raises(TypeError, match="argument 1 must be a tensor, int, float"):
         lib.copy_all(x, "y")
+    with pytest.raises(ValueError, match="arguments 0 and 1 share memory"):
+        lib.copy_all(x, x)
     with pytest.raises(ValueError, match="group_size"):
         lib.copy_all(x, x.clone(), threads=4, group_size=(2, 2))
     with pytest.raises(ValueError, match="maximum threadgroup size 1024"):

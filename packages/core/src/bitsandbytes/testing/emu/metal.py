@@ -15,6 +15,7 @@ float in MSL, a double in C++), ``1.0h`` becomes a half, and ``const constant`` 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import os
 import re
@@ -422,6 +423,13 @@ class MetalKernel:
             c_args[i].nbytes = t.numel() * t.element_size()
             c_args[i].ptr = t.data_ptr() if t.numel() else None
             c_args[i].name = enc
+        spans = sorted((c_args[i].ptr, c_args[i].ptr + c_args[i].nbytes, i) for i in range(len(args)) if c_args[i].ptr)
+        for (_, end, i), (start, _, j) in itertools.pairwise(spans):
+            if start < end:
+                raise ValueError(
+                    f"kernel '{kernel}': arguments {min(i, j)} and {max(i, j)} share memory; the emulator copies each "
+                    "buffer on its own, so aliased buffers would not see each other's writes"
+                )
         if threads is None:
             if not tensors:
                 raise ValueError(f"kernel '{kernel}': pass threads= (no tensor argument to take the count from)")
