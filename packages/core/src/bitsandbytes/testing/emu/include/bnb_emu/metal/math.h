@@ -374,4 +374,6 @@ struct numeric_limits<bnb_emu::metal_detail::f16_base<Tr>> {
 #define M_LOG10E_F 0.43429448190325182765f
 #define M_1_PI_F 0.31830988618379067154f
 #define M_2_SQRTPI_F 1.12837916709551257390f
+#ifndef MAXFLOAT
 #define MAXFLOAT 3.402823466e+38f
+#endif
