@@ -42,6 +42,25 @@ def test_missing_barrier_changes_the_result_the_same_way_every_run(bugs):
     assert runs[0] == runs[1] == runs[2]
 
 
+def test_the_reverse_lane_order_exposes_a_missing_barrier(bugs, cuda_kernels, monkeypatch):
+    # Each order is deterministic; a kernel whose result depends on which one runs has a race.
+    x = torch.arange(128, dtype=torch.float32)
+    correct = [x[:64].sum().item(), x[64:].sum().item()]
+    reduce = cuda_kernels("reduce.cu", {"sum64": "block_sum<64>"})
+    results = {}
+    for order in ("forward", "reverse"):
+        monkeypatch.setenv("BNB_EMU_ORDER", order)
+        racy, fine = torch.zeros(2), torch.zeros(2)
+        bugs.sum_missing_barrier[2, 64](x, racy)
+        reduce.sum64[2, 64](x, fine, 128)
+        results[order] = racy.tolist()
+        assert fine.tolist() == correct
+    assert results["forward"] != results["reverse"]
+    monkeypatch.setenv("BNB_EMU_ORDER", "sideways")
+    with pytest.raises(EmulationError, match="BNB_EMU_ORDER must be 'forward' or 'reverse', got 'sideways'"):
+        bugs.sum_missing_barrier[2, 64](x, torch.zeros(2))
+
+
 def test_barrier_in_divergent_code_is_a_deadlock_error_not_a_hang(bugs):
     with pytest.raises(EmulationError) as e:
         bugs.divergent_barrier[1, 32](torch.zeros(32))

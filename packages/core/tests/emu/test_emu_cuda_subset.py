@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bitsandbytes.testing.emu import EmulationCompileError
+from bitsandbytes.testing.emu.__main__ import main
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -76,3 +77,15 @@ def test_system_headers_still_compile_after_the_shim(compile_cuda):
         "__global__ void k(float* out) { out[threadIdx.x] = std::min(FLT_MAX, CUDART_INF_F); }\n"
     )
     assert compile_cuda(code, ["k"]).k.codes == ["pf32"]
+
+
+def test_command_line_check(compile_cuda, tmp_path, capsys):
+    # (compile_cuda: the fixture skips the test where there is no compiler)
+    bad = tmp_path / "bad.cu"
+    bad.write_text("__global__ void k(int* o) { o[0] = __ballot(1); }\n")
+    assert main([str(KERNELS / "reduce.cu"), "--kernel", "sum=block_sum<128>"]) == 0
+    assert "ok: " in capsys.readouterr().out
+    assert main([str(KERNELS / "reduce.cu"), str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert "kernels: block_sum, warp_block_sum" in out
+    assert "FAILED: " in err and "bnb_emu: __ballot (without _sync" in err

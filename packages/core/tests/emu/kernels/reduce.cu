@@ -36,5 +36,6 @@ __global__ void warp_block_sum(const float* __restrict__ x, float* __restrict__ 
   }
 }
 
+template __global__ void block_sum<64>(const float* __restrict__, float* __restrict__, int);
 template __global__ void block_sum<128>(const float* __restrict__, float* __restrict__, int);
 template __global__ void block_sum<256>(const float* __restrict__, float* __restrict__, int);

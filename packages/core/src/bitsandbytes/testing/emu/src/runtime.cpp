@@ -89,6 +89,7 @@ struct Launch {
   volatile bool in_grid = false;  // the worker is between sigsetjmp and the end of the last block
   bool in_lane = false;
   GuardedBuffer* shared = nullptr;
+  bool reverse = false;  // BNB_EMU_ORDER=reverse: lanes run in descending index order
 };
 
 Launch* g_launch = nullptr;
@@ -426,7 +427,8 @@ void run_block(Launch& L) {
   (void)c;
   while (L.live > 0) {
     bool progressed = false;
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = L.reverse ? n - 1 - k : k;
       Lane& l = L.lanes[i];
       if (l.state != State::Ready) continue;
       progressed = true;
@@ -614,6 +616,13 @@ int launch(const LaunchConfig& cfg, KernelBody body, void* ctx) {
   // the process; past BNB_EMU_TIMEOUT seconds (default 120, 0 = never) the worker is interrupted.
   const char* env = std::getenv("BNB_EMU_TIMEOUT");
   g_timeout_s = env ? std::strtod(env, nullptr) : 120.0;
+  // The other fixed lane order: a race that one order hides, the other usually shows.
+  const char* order = std::getenv("BNB_EMU_ORDER");
+  L.reverse = order && std::strcmp(order, "reverse") == 0;
+  if (order && *order && !L.reverse && std::strcmp(order, "forward") != 0) {
+    set_error("kernel '%s': BNB_EMU_ORDER must be 'forward' or 'reverse', got '%s'", cfg.kernel, order);
+    return 1;
+  }
   g_timed_out = false;
   g_launch = &L;
   int rc = 0;
