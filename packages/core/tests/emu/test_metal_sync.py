@@ -24,8 +24,12 @@ def _error():
     return EmulationError
 
 
+@pytest.mark.parametrize("order", ["forward", "reverse"])
 @pytest.mark.parametrize(("n", "group"), [(256, 256), (1000, 256), (37, 64), (300, 128)])
-def test_threadgroup_tree_sum_with_tail_group(n, group):
+def test_threadgroup_tree_sum_with_tail_group(n, group, order, monkeypatch):
+    # Either lane order (BNB_EMU_ORDER): threadgroup memory is reset once per threadgroup, before its
+    # first lane runs, never under lanes that have already written it.
+    monkeypatch.setenv("BNB_EMU_ORDER", order)
     lib = _lib("metal_reduce.metal")
     x = torch.arange(n, dtype=torch.float32) % 17 - 8  # small integers: every order sums exactly
     groups = -(-n // group)
@@ -39,9 +43,11 @@ def test_threadgroup_tree_sum_with_tail_group(n, group):
     assert torch.equal(out2, want)
 
 
-def test_missing_barrier_changes_the_result():
+def test_missing_barrier_changes_the_result(monkeypatch):
     # Without the barriers lane 0 adds slots other lanes have not written yet. Threadgroup memory starts
-    # as all-ones bits (NaN) in emulation, so the race shows instead of passing by luck.
+    # as all-ones bits (NaN) in emulation, so the race shows instead of passing by luck. (In reverse lane
+    # order this particular tree happens to come out right: each order exposes different races.)
+    monkeypatch.setenv("BNB_EMU_ORDER", "forward")
     lib = _lib("metal_reduce.metal")
     x = torch.ones(256)
     good, bad = torch.zeros(1), torch.zeros(1)
@@ -175,7 +181,8 @@ def test_atomics_from_many_lanes_and_groups():
     assert bins.tolist() == torch.bincount((data & 15).long(), minlength=16).tolist()
 
 
-def test_float_atomics_are_deterministic_and_in_lane_order():
+def test_float_atomics_are_deterministic_and_in_lane_order(monkeypatch):
+    monkeypatch.setenv("BNB_EMU_ORDER", "forward")
     lib = _lib("metal_atomics.metal")
     n = 700
     x = torch.randn(n, generator=torch.Generator().manual_seed(3))

@@ -256,9 +256,16 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
     if (rest) parts[i][nparts[i]++] = Part{1, rest, full};
   }
   int rc = 0;
+  // Threadgroups run one at a time and each starts all its lanes before the next begins, so the first
+  // lane to start with a new threadgroup position is the first of its threadgroup (whatever the lane order).
+  uint64_t last_group = ~uint64_t{0};
   auto body = [&]() {
-    // The runtime starts a threadgroup's lanes in index order: lane 0 runs before any other has begun.
-    if (lane().linear == 0) poison_threadgroup_memory();
+    const Dim3& g = lane().group;
+    const uint64_t key = uint64_t{g.x} | (uint64_t{g.y} << 21) | (uint64_t{g.z} << 42);
+    if (key != last_group) {
+      last_group = key;
+      poison_threadgroup_memory();
+    }
     call(bind);
   };
   for (int pz = 0; pz < nparts[2] && rc == 0; ++pz)
@@ -274,6 +281,7 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
         d.region_offset[0] = X.offset;
         d.region_offset[1] = Y.offset;
         d.region_offset[2] = Z.offset;
+        last_group = ~uint64_t{0};
         rc = launch(cfg, body);
       }
   current() = nullptr;
