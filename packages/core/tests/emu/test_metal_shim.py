@@ -230,3 +230,14 @@ def test_metal_shim_ships_with_the_package():
     names = ["metal.h", "metal/scalar.h", "metal/vec.h", "metal/swizzles.inc", "metal/math.h", "metal/atomic.h"]
     for name in [*names, "metal/simd.h", "metal_headers/metal_stdlib", "metal_headers/metal_simdgroup"]:
         assert root.joinpath("include/bnb_emu", name).is_file(), name
+
+
+def test_subset_check_command_takes_metal_sources(tmp_path, capsys):
+    from bitsandbytes.testing.emu.__main__ import main
+
+    assert main([str(KERNELS / "metal_misc.metal")]) == 0
+    assert "ok:" in capsys.readouterr().out
+    bad = tmp_path / "bad.metal"
+    bad.write_text("kernel void k(texture2d<float> t [[texture(0)]]) {}\n")
+    assert main([str(bad)]) == 1
+    assert "texture(0)" in capsys.readouterr().err
