@@ -51,6 +51,10 @@ def test_two_dimensional_dispatch_with_tail_groups():
     # Threadgroups at the right and bottom edges are smaller, and say so in threads_per_threadgroup.
     assert torch.equal(out[..., 2], torch.where(xs < 8, 4, 2).int())
     assert torch.equal(out[..., 3], torch.where(ys < 6, 3, 1).int())
+    # Without group_size a 2-D dispatch gets torch's default threadgroup, (max threads, 1, 1).
+    lib.positions_2d(out, threads=(10, 7))
+    assert torch.equal(out[..., 0], xs.int()) and torch.equal(out[..., 1], ys.int())
+    assert (out[..., 2] == 10).all() and (out[..., 3] == 1).all()
 
 
 @pytest.mark.parametrize(("n", "group"), [(1, 1), (33, 32), (1000, 1024), (1030, 1024), (5, 3)])

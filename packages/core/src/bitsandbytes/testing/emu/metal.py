@@ -3,7 +3,7 @@
 The returned library exposes each kernel as an attribute, called the way torch calls a compiled shader:
 arguments in buffer order (tensors, Python ints as int64, floats as float32, lists of either as arrays,
 ``arg_casts`` to narrow them), ``threads=`` the total thread count (int or up to 3 dims, default the first
-tensor's numel) and ``group_size=`` the threadgroup size (default min(1024, threads) for 1-D). The kernel
+tensor's numel) and ``group_size=`` the threadgroup size (torch's defaults). The kernel
 runs on CPU tensors, which it updates in place.
 
 The source is compiled as MSL would see it, with a few mechanical rewrites a header cannot express:
@@ -435,10 +435,11 @@ class MetalKernel:
                 raise ValueError(f"kernel '{kernel}': pass threads= (no tensor argument to take the count from)")
             threads = tensors[0].numel()
         tdims = _dims(threads, "threads", kernel)
-        if group_size is None:
-            if len(tdims) != 1:
-                raise ValueError(f"kernel '{kernel}': pass group_size= for a {len(tdims)}-D dispatch")
-            group_size = max(1, min(self._entry.max_threads, tdims[0]))
+        if group_size is None:  # torch's defaults: min(max, threads) in 1-D, (max, 1, 1) otherwise
+            if len(tdims) == 1:
+                group_size = max(1, min(self._entry.max_threads, tdims[0]))
+            else:
+                group_size = (self._entry.max_threads,) + (1,) * (len(tdims) - 1)
         gdims = _dims(group_size, "group_size", kernel)
         if math.prod(gdims) > self._entry.max_threads:
             raise ValueError(
