@@ -245,3 +245,19 @@ def test_subset_check_command_takes_metal_sources(tmp_path, capsys):
     bad.write_text("kernel void k(texture2d<float> t [[texture(0)]]) {}\n")
     assert main([str(bad)]) == 1
     assert "texture(0)" in capsys.readouterr().err
+
+
+def test_template_instances_in_decltype_form():
+    lib = _lib(
+        "#include <metal_stdlib>\nusing namespace metal;\ntemplate <typename T>\n"
+        "[[kernel]] void twice(device T* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] = x[i] * T(2); }\n"
+        'template [[host_name("twice_half")]] [[kernel]] decltype(twice<half>) twice<half>;\n'
+        'template [[host_name("twice_int")]] [[kernel]] decltype(twice<int>) twice<int>;\n',
+        filename="decltype.metal",
+    )
+    assert dir(lib) == ["twice_half", "twice_int"]
+    h = torch.tensor([1.5, -2.0], dtype=torch.half)
+    i = torch.tensor([3, 4], dtype=torch.int32)
+    lib.twice_half(h)
+    lib.twice_int(i)
+    assert h.tolist() == [3.0, -4.0] and i.tolist() == [6, 8]

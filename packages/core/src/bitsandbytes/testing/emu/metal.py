@@ -55,7 +55,7 @@ _ATTRIBUTE = re.compile(r"\[\[(.*?)\]\]", re.S)
 _KERNEL = re.compile(r"(?:\bkernel\b|\[\[\s*kernel\s*\]\])\s*(?:\[\[[^\]]*\]\]\s*)*void\s+([A-Za-z_]\w*)\s*\(")
 _INSTANTIATION = re.compile(
     r"\btemplate\s*\[\[\s*host_name\s*\(\s*\"(?P<host>\w+)\"\s*\)\s*\]\]"
-    r"(?P<rest>[^;]*?)\b(?P<name>[A-Za-z_]\w*)\s*<(?P<targs>[^;{}]*?)>\s*(?:\(|;)",
+    r"(?P<rest>[^;]*?)\b(?P<name>[A-Za-z_]\w*)\s*<(?P<targs>(?:[^;{}()<>]|<[^;{}()<>]*>)*)>\s*(?:\(|;)",
     re.S,
 )
 _TEMPLATE_HEAD = re.compile(r"\btemplate\s*<[^;{}]*>\s*(?:\[\[[^\]]*\]\]\s*)*$")
