@@ -146,6 +146,13 @@ def test_bad_arguments_are_named():
         lib.copy_all(x, x.clone(), threads=4, group_size=(2, 2))
     with pytest.raises(ValueError, match="maximum threadgroup size 1024"):
         lib.copy_all(x, x.clone(), threads=4, group_size=2048)
+    EmulationError, _ = _errors()
+    wide = _lib(
+        "kernel void k(device float4* o [[buffer(0)]], constant float4& v [[buffer(1)]]) { o[0] = v; }\n",
+        filename="wide.metal",
+    )
+    with pytest.raises(EmulationError, match=r"'v \(buffer 1\)' has 4 bytes but the kernel reads a 16-byte"):
+        wide.k(torch.zeros(4), 1.0, threads=1)
 
 
 def test_max_total_threads_per_threadgroup_caps_the_group():

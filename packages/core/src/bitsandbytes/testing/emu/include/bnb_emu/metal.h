@@ -175,8 +175,8 @@ struct BufferRef {
   template <class T, std::enable_if_t<!std::is_pointer<T>::value, int> = 0>
   operator T&() const {  // NOLINT
     if (buf->size() < sizeof(T))
-      fail("buffer(%d) '%s' has %zu bytes but the kernel reads a %zu-byte value from it", index, buf->name(),
-           buf->size(), sizeof(T));
+      fail("buffer '%s' has %zu bytes but the kernel reads a %zu-byte value from it", buf->name(), buf->size(),
+           sizeof(T));
     return *static_cast<T*>(buf->data());
   }
   template <class T>
