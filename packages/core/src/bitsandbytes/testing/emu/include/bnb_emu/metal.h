@@ -99,7 +99,8 @@ inline uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 // before any write, or a race a missing barrier lets through, show in results.
 inline void poison_threadgroup_memory() {
   if (__start_bnb_emu_metal_tg && __stop_bnb_emu_metal_tg > __start_bnb_emu_metal_tg)
-    std::memset(__start_bnb_emu_metal_tg, 0xff, static_cast<size_t>(__stop_bnb_emu_metal_tg - __start_bnb_emu_metal_tg));
+    std::memset(__start_bnb_emu_metal_tg, 0xff,
+                static_cast<size_t>(__stop_bnb_emu_metal_tg - __start_bnb_emu_metal_tg));
 }
 
 inline Builtin builtin(BuiltinId id) {
@@ -306,10 +307,10 @@ template <class T>
 struct always_false : std::false_type {};
 }  // namespace unsupported
 enum class access { sample, read, write, read_write };
-#define BNB_EMU_METAL_UNSUPPORTED_TEMPLATE(NAME)                                                         \
-  template <class T = float, access A = access::sample, class... More>                                  \
-  struct NAME {                                                                                         \
-    static_assert(unsupported::always_false<T>::value,                                                  \
+#define BNB_EMU_METAL_UNSUPPORTED_TEMPLATE(NAME)                                                            \
+  template <class T = float, access A = access::sample, class... More>                                      \
+  struct NAME {                                                                                             \
+    static_assert(unsupported::always_false<T>::value,                                                      \
                   "bnb_emu/metal: " #NAME " is outside the emulated Metal subset (see the emulator docs)"); \
   };
 BNB_EMU_METAL_UNSUPPORTED_TEMPLATE(texture1d)
@@ -330,10 +331,10 @@ using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
 using simdgroup_half8x8 = simdgroup_matrix<half, 8, 8>;
 using simdgroup_bfloat8x8 = simdgroup_matrix<bfloat, 8, 8>;
 using sampler = sampler_t<>;
-#define BNB_EMU_METAL_UNSUPPORTED_FN(NAME)                                                             \
-  template <class... A>                                                                               \
-  inline void NAME(A&&...) {                                                                          \
-    static_assert(unsupported::always_false<A...>::value,                                             \
+#define BNB_EMU_METAL_UNSUPPORTED_FN(NAME)                                                                  \
+  template <class... A>                                                                                     \
+  inline void NAME(A&&...) {                                                                                \
+    static_assert(unsupported::always_false<A...>::value,                                                   \
                   "bnb_emu/metal: " #NAME " is outside the emulated Metal subset (see the emulator docs)"); \
   }
 BNB_EMU_METAL_UNSUPPORTED_FN(simdgroup_load)

@@ -81,9 +81,9 @@ inline bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* obj, T* ex
                                                   memory_order = memory_order_relaxed,
                                                   memory_order = memory_order_relaxed) {
   auto exp_bits = detail::to_bits<T>(*expected);
-  const bool ok = __atomic_compare_exchange_n(detail::bits_of(obj), &exp_bits,
-                                              detail::to_bits<T>(static_cast<T>(desired)), false,
-                                              __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  const bool ok =
+      __atomic_compare_exchange_n(detail::bits_of(obj), &exp_bits, detail::to_bits<T>(static_cast<T>(desired)), false,
+                                  __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   if (!ok) *expected = detail::from_bits<T>(exp_bits);
   return ok;
 }
@@ -94,25 +94,23 @@ inline bool atomic_compare_exchange_strong_explicit(volatile atomic<T>* obj, T* 
   return atomic_compare_exchange_weak_explicit(obj, expected, desired, s, f);
 }
 
-#define BNB_EMU_ATOMIC_RMW(NAME, EXPR)                                                                  \
-  template <class T, class U>                                                                           \
-  inline T atomic_fetch_##NAME##_explicit(volatile atomic<T>* obj, U operand0,                          \
-                                          memory_order = memory_order_relaxed) {                        \
-    const T operand = static_cast<T>(operand0);                                                         \
-    return detail::rmw(obj, [operand](T cur) { return EXPR; });                                         \
+#define BNB_EMU_ATOMIC_RMW(NAME, EXPR)                                                                                \
+  template <class T, class U>                                                                                         \
+  inline T atomic_fetch_##NAME##_explicit(volatile atomic<T>* obj, U operand0, memory_order = memory_order_relaxed) { \
+    const T operand = static_cast<T>(operand0);                                                                       \
+    return detail::rmw(obj, [operand](T cur) { return EXPR; });                                                       \
   }
 BNB_EMU_ATOMIC_RMW(add, cur + operand)
 BNB_EMU_ATOMIC_RMW(sub, cur - operand)
 BNB_EMU_ATOMIC_RMW(min, operand < cur ? operand : cur)
 BNB_EMU_ATOMIC_RMW(max, cur < operand ? operand : cur)
 #undef BNB_EMU_ATOMIC_RMW
-#define BNB_EMU_ATOMIC_BITS(NAME, OP)                                                                   \
-  template <class T, class U>                                                                           \
-  inline T atomic_fetch_##NAME##_explicit(volatile atomic<T>* obj, U operand0,                          \
-                                          memory_order = memory_order_relaxed) {                        \
-    static_assert(std::is_integral<T>::value, "bnb_emu/metal: bitwise atomics need an integer atomic"); \
-    const T operand = static_cast<T>(operand0);                                                         \
-    return detail::rmw(obj, [operand](T cur) { return cur OP operand; });                               \
+#define BNB_EMU_ATOMIC_BITS(NAME, OP)                                                                                 \
+  template <class T, class U>                                                                                         \
+  inline T atomic_fetch_##NAME##_explicit(volatile atomic<T>* obj, U operand0, memory_order = memory_order_relaxed) { \
+    static_assert(std::is_integral<T>::value, "bnb_emu/metal: bitwise atomics need an integer atomic");               \
+    const T operand = static_cast<T>(operand0);                                                                       \
+    return detail::rmw(obj, [operand](T cur) { return cur OP operand; });                                             \
   }
 BNB_EMU_ATOMIC_BITS(and, &)
 BNB_EMU_ATOMIC_BITS(or, |)

@@ -81,10 +81,10 @@ constexpr bool is_msl_value() {
 
 }  // namespace detail
 
-#define BNB_EMU_FLOAT_FN1(NAME, EXPR)                                                           \
-  template <class X, std::enable_if_t<detail::is_floatish<X>(), int> = 0>                        \
-  inline auto NAME(const X& x) {                                                                 \
-    return detail::map1(x, [](auto v) { return EXPR; });                                         \
+#define BNB_EMU_FLOAT_FN1(NAME, EXPR)                                     \
+  template <class X, std::enable_if_t<detail::is_floatish<X>(), int> = 0> \
+  inline auto NAME(const X& x) {                                          \
+    return detail::map1(x, [](auto v) { return EXPR; });                  \
   }
 BNB_EMU_FLOAT_FN1(sqrt, std::sqrt(v))
 BNB_EMU_FLOAT_FN1(rsqrt, 1.0f / std::sqrt(v))
@@ -114,10 +114,10 @@ BNB_EMU_FLOAT_FN1(saturate, std::fmin(std::fmax(v, 0.0f), 1.0f))
 BNB_EMU_FLOAT_FN1(sign, (v > 0 ? 1.0f : (v < 0 ? -1.0f : (v == 0 ? 0.0f * v : v))))
 #undef BNB_EMU_FLOAT_FN1
 
-#define BNB_EMU_FLOAT_FN2(NAME, EXPR)                                                           \
+#define BNB_EMU_FLOAT_FN2(NAME, EXPR)                                                                          \
   template <class X, class Y, std::enable_if_t<detail::is_floatish<X>() || detail::is_floatish<Y>(), int> = 0> \
-  inline auto NAME(const X& x, const Y& y) {                                                     \
-    return detail::map2(x, y, [](auto a, auto b) { return EXPR; });                              \
+  inline auto NAME(const X& x, const Y& y) {                                                                   \
+    return detail::map2(x, y, [](auto a, auto b) { return EXPR; });                                            \
   }
 BNB_EMU_FLOAT_FN2(pow, std::pow(a, b))
 BNB_EMU_FLOAT_FN2(powr, std::pow(a, b))

@@ -139,51 +139,47 @@ struct is_f16 : std::false_type {};
 template <class Tr>
 struct is_f16<f16_base<Tr>> : std::true_type {};
 
-#define BNB_EMU_F16_OPS(OP)                                                                    \
-  template <class Tr>                                                                          \
-  inline f16_base<Tr> operator OP(f16_base<Tr> a, f16_base<Tr> b) {                            \
-    return f16_base<Tr>(float(a) OP float(b));                                                 \
-  }                                                                                            \
-  template <class Tr, class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>          \
-  inline f16_base<Tr> operator OP(f16_base<Tr> a, I b) {                                       \
-    return f16_base<Tr>(float(a) OP float(f16_base<Tr>(b)));                                   \
-  }                                                                                            \
-  template <class Tr, class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>          \
-  inline f16_base<Tr> operator OP(I a, f16_base<Tr> b) {                                       \
-    return f16_base<Tr>(float(f16_base<Tr>(a)) OP float(b));                                   \
-  }                                                                                            \
-  template <class Tr, class F, std::enable_if_t<std::is_floating_point<F>::value, int> = 0>    \
-  inline float operator OP(f16_base<Tr> a, F b) {                                              \
-    return float(a) OP static_cast<float>(b);                                                  \
-  }                                                                                            \
-  template <class Tr, class F, std::enable_if_t<std::is_floating_point<F>::value, int> = 0>    \
-  inline float operator OP(F a, f16_base<Tr> b) {                                              \
-    return static_cast<float>(a) OP float(b);                                                  \
-  }                                                                                            \
-  inline float operator OP(f16_base<half_traits> a, f16_base<bfloat_traits> b) {               \
-    return float(a) OP float(b);                                                               \
-  }                                                                                            \
-  inline float operator OP(f16_base<bfloat_traits> a, f16_base<half_traits> b) {               \
-    return float(a) OP float(b);                                                               \
-  }
+#define BNB_EMU_F16_OPS(OP)                                                                                     \
+  template <class Tr>                                                                                           \
+  inline f16_base<Tr> operator OP(f16_base<Tr> a, f16_base<Tr> b) {                                             \
+    return f16_base<Tr>(float(a) OP float(b));                                                                  \
+  }                                                                                                             \
+  template <class Tr, class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>                           \
+  inline f16_base<Tr> operator OP(f16_base<Tr> a, I b) {                                                        \
+    return f16_base<Tr>(float(a) OP float(f16_base<Tr>(b)));                                                    \
+  }                                                                                                             \
+  template <class Tr, class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>                           \
+  inline f16_base<Tr> operator OP(I a, f16_base<Tr> b) {                                                        \
+    return f16_base<Tr>(float(f16_base<Tr>(a)) OP float(b));                                                    \
+  }                                                                                                             \
+  template <class Tr, class F, std::enable_if_t<std::is_floating_point<F>::value, int> = 0>                     \
+  inline float operator OP(f16_base<Tr> a, F b) {                                                               \
+    return float(a) OP static_cast<float>(b);                                                                   \
+  }                                                                                                             \
+  template <class Tr, class F, std::enable_if_t<std::is_floating_point<F>::value, int> = 0>                     \
+  inline float operator OP(F a, f16_base<Tr> b) {                                                               \
+    return static_cast<float>(a) OP float(b);                                                                   \
+  }                                                                                                             \
+  inline float operator OP(f16_base<half_traits> a, f16_base<bfloat_traits> b) { return float(a) OP float(b); } \
+  inline float operator OP(f16_base<bfloat_traits> a, f16_base<half_traits> b) { return float(a) OP float(b); }
 BNB_EMU_F16_OPS(+)
 BNB_EMU_F16_OPS(-)
 BNB_EMU_F16_OPS(*)
 BNB_EMU_F16_OPS(/)
 #undef BNB_EMU_F16_OPS
 
-#define BNB_EMU_F16_CMP(OP)                                                                    \
-  template <class Tr>                                                                          \
-  inline bool operator OP(f16_base<Tr> a, f16_base<Tr> b) {                                    \
-    return float(a) OP float(b);                                                               \
-  }                                                                                            \
-  template <class Tr, class U, std::enable_if_t<std::is_arithmetic<U>::value, int> = 0>        \
-  inline bool operator OP(f16_base<Tr> a, U b) {                                               \
-    return float(a) OP static_cast<float>(b);                                                  \
-  }                                                                                            \
-  template <class Tr, class U, std::enable_if_t<std::is_arithmetic<U>::value, int> = 0>        \
-  inline bool operator OP(U a, f16_base<Tr> b) {                                               \
-    return static_cast<float>(a) OP float(b);                                                  \
+#define BNB_EMU_F16_CMP(OP)                                                             \
+  template <class Tr>                                                                   \
+  inline bool operator OP(f16_base<Tr> a, f16_base<Tr> b) {                             \
+    return float(a) OP float(b);                                                        \
+  }                                                                                     \
+  template <class Tr, class U, std::enable_if_t<std::is_arithmetic<U>::value, int> = 0> \
+  inline bool operator OP(f16_base<Tr> a, U b) {                                        \
+    return float(a) OP static_cast<float>(b);                                           \
+  }                                                                                     \
+  template <class Tr, class U, std::enable_if_t<std::is_arithmetic<U>::value, int> = 0> \
+  inline bool operator OP(U a, f16_base<Tr> b) {                                        \
+    return static_cast<float>(a) OP float(b);                                           \
   }
 BNB_EMU_F16_CMP(==)
 BNB_EMU_F16_CMP(!=)

@@ -107,18 +107,18 @@ inline void threadgroup_barrier(mem_flags flags, const char* file = __builtin_FI
 
 #define BNB_EMU_SIMD_SITE const char *file = __builtin_FILE(), int line = __builtin_LINE()
 
-#define BNB_EMU_SIMD_REDUCE(NAME, EXPR)                                                       \
-  template <class X>                                                                          \
-  inline norm_t<X> NAME(const X& x0, BNB_EMU_SIMD_SITE) {                                     \
-    using T = norm_t<X>;                                                                      \
-    const auto g = simd_detail::gather<T>(norm(x0), #NAME, file, line);                       \
-    return simd_detail::fold(g, 31, true, [](const T& a, const T& b) { return EXPR; });      \
+#define BNB_EMU_SIMD_REDUCE(NAME, EXPR)                                                 \
+  template <class X>                                                                    \
+  inline norm_t<X> NAME(const X& x0, BNB_EMU_SIMD_SITE) {                               \
+    using T = norm_t<X>;                                                                \
+    const auto g = simd_detail::gather<T>(norm(x0), #NAME, file, line);                 \
+    return simd_detail::fold(g, 31, true, [](const T& a, const T& b) { return EXPR; }); \
   }
 BNB_EMU_SIMD_REDUCE(simd_sum, a + b)
-BNB_EMU_SIMD_REDUCE(simd_product, a * b)
+BNB_EMU_SIMD_REDUCE(simd_product, a* b)
 BNB_EMU_SIMD_REDUCE(simd_max, max(a, b))
 BNB_EMU_SIMD_REDUCE(simd_min, min(a, b))
-BNB_EMU_SIMD_REDUCE(simd_and, a & b)
+BNB_EMU_SIMD_REDUCE(simd_and, a& b)
 BNB_EMU_SIMD_REDUCE(simd_or, a | b)
 BNB_EMU_SIMD_REDUCE(simd_xor, a ^ b)
 #undef BNB_EMU_SIMD_REDUCE

@@ -236,14 +236,14 @@ inline V as_vec(const X& x) {
   }
 }
 
-#define BNB_EMU_VEC_BINOP(OP)                                                               \
-  template <class A, class B, std::enable_if_t<vec_operands<A, B>(), int> = 0>             \
-  inline auto operator OP(const A& a, const B& b) {                                         \
-    using V = typename vec_of_pair<A, B>::type;                                             \
-    const V va = as_vec<V>(a), vb = as_vec<V>(b);                                           \
-    V r;                                                                                    \
+#define BNB_EMU_VEC_BINOP(OP)                                                                     \
+  template <class A, class B, std::enable_if_t<vec_operands<A, B>(), int> = 0>                    \
+  inline auto operator OP(const A& a, const B& b) {                                               \
+    using V = typename vec_of_pair<A, B>::type;                                                   \
+    const V va = as_vec<V>(a), vb = as_vec<V>(b);                                                 \
+    V r;                                                                                          \
     for (int i = 0; i < V::size; ++i) r[i] = static_cast<typename V::value_type>(va[i] OP vb[i]); \
-    return r;                                                                               \
+    return r;                                                                                     \
   }
 BNB_EMU_VEC_BINOP(+)
 BNB_EMU_VEC_BINOP(-)
@@ -259,12 +259,12 @@ BNB_EMU_VEC_BINOP(>>)
 
 #define BNB_EMU_VEC_CMP(OP)                                                    \
   template <class A, class B, std::enable_if_t<vec_operands<A, B>(), int> = 0> \
-  inline auto operator OP(const A& a, const B& b) {                             \
-    using V = typename vec_of_pair<A, B>::type;                                 \
-    const V va = as_vec<V>(a), vb = as_vec<V>(b);                               \
-    vec<bool, V::size> r;                                                       \
-    for (int i = 0; i < V::size; ++i) r[i] = va[i] OP vb[i];                    \
-    return r;                                                                   \
+  inline auto operator OP(const A& a, const B& b) {                            \
+    using V = typename vec_of_pair<A, B>::type;                                \
+    const V va = as_vec<V>(a), vb = as_vec<V>(b);                              \
+    vec<bool, V::size> r;                                                      \
+    for (int i = 0; i < V::size; ++i) r[i] = va[i] OP vb[i];                   \
+    return r;                                                                  \
   }
 BNB_EMU_VEC_CMP(==)
 BNB_EMU_VEC_CMP(!=)
@@ -276,10 +276,10 @@ BNB_EMU_VEC_CMP(&&)
 BNB_EMU_VEC_CMP(||)
 #undef BNB_EMU_VEC_CMP
 
-#define BNB_EMU_VEC_COMPOUND(OP)                                                    \
-  template <class T, int N, class B>                                                \
-  inline vec<T, N>& operator OP##=(vec<T, N>& a, const B& b) {                      \
-    return a = a OP b;                                                              \
+#define BNB_EMU_VEC_COMPOUND(OP)                                  \
+  template <class T, int N, class B>                              \
+  inline vec<T, N>& operator OP## = (vec<T, N> & a, const B& b) { \
+    return a = a OP b;                                            \
   }
 BNB_EMU_VEC_COMPOUND(+)
 BNB_EMU_VEC_COMPOUND(-)
@@ -319,9 +319,9 @@ inline vec<bool, N> operator!(const vec<T, N>& a) {
 }  // namespace metal_detail
 }  // namespace bnb_emu
 
-#define BNB_EMU_VEC_ALIASES(T, NAME)                         \
-  using NAME##2 = bnb_emu::metal_detail::vec<T, 2>;          \
-  using NAME##3 = bnb_emu::metal_detail::vec<T, 3>;          \
+#define BNB_EMU_VEC_ALIASES(T, NAME)                \
+  using NAME##2 = bnb_emu::metal_detail::vec<T, 2>; \
+  using NAME##3 = bnb_emu::metal_detail::vec<T, 3>; \
   using NAME##4 = bnb_emu::metal_detail::vec<T, 4>;
 BNB_EMU_VEC_ALIASES(float, float)
 BNB_EMU_VEC_ALIASES(half, half)
