@@ -155,6 +155,24 @@ def test_bad_arguments_are_named():
         wide.k(torch.zeros(4), 1.0, threads=1)
 
 
+def test_threadgroup_memory_limit_is_per_kernel():
+    EmulationError, _ = _errors()
+    lib = _lib(
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void small(device float* o [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {\n"
+        "  threadgroup float a[4096], b[4096];\n  a[i] = 1.0f; b[i] = 2.0f;\n"
+        "  threadgroup_barrier(mem_flags::mem_threadgroup);\n  o[i] = a[i] + b[i];\n}\n"
+        "kernel void big(device float* o [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {\n"
+        "  threadgroup float a[4096];\n  threadgroup float b[4097];\n  a[i] = 1.0f; b[i] = 2.0f; o[i] = a[i];\n}\n",
+        filename="tg_limit.metal",
+    )
+    out = torch.zeros(64)
+    lib.small(out)  # exactly 32 KiB
+    assert (out == 3.0).all()
+    with pytest.raises(EmulationError, match=r"big.*32772 bytes of threadgroup memory; Metal allows at most 32768"):
+        lib.big(out)
+
+
 def test_max_total_threads_per_threadgroup_caps_the_group():
     lib = _lib(
         "[[max_total_threads_per_threadgroup(64)]] kernel void capped(device uint* out [[buffer(0)]],\n"
@@ -227,8 +245,8 @@ def test_front_end_reads_attributes_and_rewrites_literals():
         ("b", 0, None),
         ("i", None, "THREAD_POSITION_IN_GRID"),
     ]
-    assert "BNB_EMU_THREADGROUP_VAR float s[4];" in body
-    assert "[[maybe_unused]] BNB_EMU_THREADGROUP_VAR uint t[2][3];" in body
+    assert "BNB_EMU_THREADGROUP_VAR float s[4]; ::bnb_emu::metal_launch::note_threadgroup(&s, sizeof(s));" in body
+    assert "[[maybe_unused]] BNB_EMU_THREADGROUP_VAR uint t[2][3]; ::bnb_emu::metal_launch::note_threadgroup(&t" in body
     assert "threadgroup float* p = s;" in body  # a pointer keeps its (empty) qualifier
     assert "1.0f + 2.5e-1f + 1.0f + half(0.5f)" in body
     assert body.count("\n") == source.count("\n")  # line numbers stay those of the source

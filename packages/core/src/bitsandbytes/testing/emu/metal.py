@@ -199,6 +199,13 @@ def _rewrite_threadgroup(text: str, blanked: str, filename: str) -> list[tuple[i
         if "=" in decl:
             raise MetalSubsetError(f"{where}: a threadgroup variable cannot have an initializer (MSL rule)")
         edits.append((m.start(), m.end(), "BNB_EMU_THREADGROUP_VAR"))
+        # Each variable reports its size when a lane reaches it, for the 32 KiB per-kernel limit.
+        notes = []
+        for _, piece in _split_top(decl):
+            names = re.findall(r"[A-Za-z_]\w*", piece.split("[", 1)[0])
+            if names:
+                notes.append(f" ::bnb_emu::metal_launch::note_threadgroup(&{names[-1]}, sizeof({names[-1]}));")
+        edits.append((end + 1, end + 1, "".join(notes)))
     return edits
 
 

@@ -168,6 +168,28 @@ inline Builtin builtin(BuiltinId id) {
   return b;
 }
 
+// Threadgroup memory of the running dispatch: every threadgroup variable a lane reaches reports itself
+// once; together they must fit Apple GPUs' 32 KiB.
+constexpr size_t kThreadgroupMemoryLimit = 32 * 1024;
+struct ThreadgroupUse {
+  const void* seen[64];
+  size_t count = 0;
+  size_t bytes = 0;
+};
+inline ThreadgroupUse& threadgroup_use() {
+  static ThreadgroupUse use;
+  return use;
+}
+inline void note_threadgroup(const void* var, size_t bytes) {
+  ThreadgroupUse& u = threadgroup_use();
+  for (size_t i = 0; i < u.count; ++i)
+    if (u.seen[i] == var) return;
+  if (u.count < 64) u.seen[u.count++] = var;
+  u.bytes += bytes;
+  if (u.bytes > kThreadgroupMemoryLimit)
+    fail("%zu bytes of threadgroup memory; Metal allows at most %zu per threadgroup", u.bytes, kThreadgroupMemoryLimit);
+}
+
 // A [[buffer(n)]] argument; converts to the pointer or reference type the kernel declared.
 struct BufferRef {
   const char* kernel;
@@ -244,6 +266,7 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
   }
   Bind bind{kernel, buffers.get(), nargs};
   current() = &d;
+  threadgroup_use() = ThreadgroupUse{};
   // Per dimension: the full threadgroups, then the one short threadgroup of the remainder.
   struct Part {
     uint32_t count, block, offset;
