@@ -173,9 +173,12 @@ def test_threadgroup_memory_limit_is_per_kernel():
         lib.big(out)
 
 
-def test_max_total_threads_per_threadgroup_caps_the_group():
+@pytest.mark.parametrize(
+    "head", ["[[max_total_threads_per_threadgroup(64)]] kernel", "[[kernel, max_total_threads_per_threadgroup(64)]]"]
+)
+def test_max_total_threads_per_threadgroup_caps_the_group(head):
     lib = _lib(
-        "[[max_total_threads_per_threadgroup(64)]] kernel void capped(device uint* out [[buffer(0)]],\n"
+        f"{head} void capped(device uint* out [[buffer(0)]],\n"
         "    uint tpt [[threads_per_threadgroup]], uint gid [[thread_position_in_grid]]) { out[gid] = tpt; }\n",
         filename="capped.metal",
     )

@@ -52,14 +52,16 @@ _CXX_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "nodisca
 _COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _ATTRIBUTE = re.compile(r"\[\[(.*?)\]\]", re.S)
-_KERNEL = re.compile(r"(?:\bkernel\b|\[\[\s*kernel\s*\]\])\s*(?:\[\[[^\]]*\]\]\s*)*void\s+([A-Za-z_]\w*)\s*\(")
+_KERNEL = re.compile(
+    r"(?:\bkernel\b|\[\[\s*kernel\s*(?:,[^\]]*)?\]\])\s*(?:\[\[[^\]]*\]\]\s*)*void\s+([A-Za-z_]\w*)\s*\("
+)
 _INSTANTIATION = re.compile(
     r"\btemplate\s*\[\[\s*host_name\s*\(\s*\"(?P<host>\w+)\"\s*\)\s*\]\]"
     r"(?P<rest>[^;]*?)\b(?P<name>[A-Za-z_]\w*)\s*<(?P<targs>(?:[^;{}()<>]|<[^;{}()<>]*>)*)>\s*(?:\(|;)",
     re.S,
 )
 _TEMPLATE_HEAD = re.compile(r"\btemplate\s*<[^;{}]*>\s*(?:\[\[[^\]]*\]\]\s*)*$")
-_MAX_THREADS = re.compile(r"\[\[\s*max_total_threads_per_threadgroup\s*\(\s*(\d+)\s*\)\s*\]\]")
+_MAX_THREADS = re.compile(r"\bmax_total_threads_per_threadgroup\s*\(\s*(\d+)\s*\)")
 # Attributes the front end understands anywhere in a source (parameter attributes are checked per kernel).
 _KNOWN_ATTRIBUTE = re.compile(
     r"kernel|host_name\s*\(.*\)|max_total_threads_per_threadgroup\s*\(\s*\d+\s*\)|buffer\s*\(\s*\d+\s*\)|"
@@ -256,7 +258,7 @@ def translate(source: str, filename: str = "kernel.metal") -> tuple[str, list[Ke
             entries.append(KernelEntry(host_name=name, callee=name, params=params, max_threads=max_threads[name]))
     # Kernel parameters were checked above with more specific messages; this catches the rest.
     for m in _ATTRIBUTE.finditer(blanked):
-        if not _KNOWN_ATTRIBUTE.fullmatch(m.group(1).strip()):
+        if not all(_KNOWN_ATTRIBUTE.fullmatch(a.strip()) for _, a in _split_top(m.group(1))):
             where = f"{filename}:{_line_of(source, m.start())}"
             raise MetalSubsetError(f"{where}: attribute [[{m.group(1).strip()}]] is outside the emulated Metal subset")
     no_comments = _COMMENT.sub(_blank, source)  # host names are string literals: keep those
