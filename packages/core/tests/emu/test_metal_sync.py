@@ -161,6 +161,12 @@ def test_simd_function_in_divergent_code_is_reported():
         lib.simd_in_branch(torch.zeros(32), threads=32, group_size=32)
 
 
+def test_simd_function_reached_from_two_branches_is_reported():
+    lib = _lib("metal_simd.metal")
+    with pytest.raises(_error(), match=r"simd_sum_both_branches.*reach simd_sum at different places"):
+        lib.simd_sum_both_branches(torch.zeros(32), threads=32, group_size=32)
+
+
 def test_atomics_from_many_lanes_and_groups():
     lib = _lib("metal_atomics.metal")
     n, group = 1000, 128

@@ -59,3 +59,15 @@ kernel void simd_in_branch(device float* out [[buffer(0)]], uint lane [[thread_i
   }
   out[lane] = v;
 }
+
+// The same SIMD-group function on both sides of a branch that splits the SIMD-group: hardware runs
+// two separate groups of lanes.
+kernel void simd_sum_both_branches(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  float v;
+  if (lane < 8) {
+    v = simd_sum(1.0f);
+  } else {
+    v = simd_sum(2.0f);
+  }
+  out[lane] = v;
+}
