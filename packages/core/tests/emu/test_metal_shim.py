@@ -16,7 +16,7 @@ def _lib(name_or_source, **kw):
     from bitsandbytes.testing.emu.metal import metal_library
 
     if name_or_source.endswith(".metal"):
-        return metal_library(KERNELS / name_or_source, **kw)
+        return metal_library(KERNELS / name_or_source, **kw)  # an absolute path stays itself
     return metal_library(name_or_source, **kw)
 
 
@@ -289,3 +289,22 @@ def test_template_instances_in_decltype_form():
     lib.twice_half(h)
     lib.twice_int(i)
     assert h.tolist() == [3.0, -4.0] and i.tolist() == [6, 8]
+
+
+def test_includes_next_to_the_source_and_from_include_dirs(tmp_path):
+    (tmp_path / "local.h").write_text("inline float twice(float x) { return 2.0f * x; }\n")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "more.h").write_text("constant float OFFSET = 0.5;\n")
+    src = tmp_path / "uses_headers.metal"
+    src.write_text(
+        '#include <metal_stdlib>\n#include "local.h"\n#include <more.h>\nusing namespace metal;\n'
+        "kernel void k(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {"
+        " x[i] = twice(x[i]) + OFFSET; }\n"
+    )
+    lib = _lib(str(src), include_dirs=[extra])
+    x = torch.tensor([1.0, 2.0])
+    lib.k(x)
+    assert x.tolist() == [2.5, 4.5]
+    with pytest.raises(FileNotFoundError, match="cannot be read"):
+        _lib(str(tmp_path / "missing.metal"))

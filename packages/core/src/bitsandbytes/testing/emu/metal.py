@@ -19,7 +19,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,16 +491,19 @@ class MetalLibrary:
 
 
 _HEADERS = Path(__file__).parent / "include" / "bnb_emu" / "metal_headers"
-_libraries: dict[tuple[str, str], MetalLibrary] = {}
+_libraries: dict[tuple, MetalLibrary] = {}
 
 
-def metal_library(source: str | os.PathLike, *, filename: str | None = None) -> MetalLibrary:
+def metal_library(
+    source: str | os.PathLike, *, filename: str | None = None, include_dirs: Iterable[str | os.PathLike] = ()
+) -> MetalLibrary:
     """Compile Metal kernel source for emulation, like ``torch.mps.compile_shader(source)``.
 
     Args:
         source: the Metal source text, or the path of a ``.metal`` file.
         filename: the name compiler messages and errors use for the source (default: the path, or
             ``kernel.metal`` for text).
+        include_dirs: directories searched by ``#include`` (a file's own directory always is).
 
     Raises:
         EmulationCompileError: the source uses something outside the emulated subset or does not compile.
@@ -509,21 +512,26 @@ def metal_library(source: str | os.PathLike, *, filename: str | None = None) -> 
     from .build import build
     from .errors import EmulationCompileError
 
+    dirs = [str(_HEADERS), *(str(Path(d).resolve()) for d in include_dirs)]
     if isinstance(source, os.PathLike) or (
         isinstance(source, str) and "\n" not in source and source.endswith(".metal")
     ):
-        path = Path(os.fspath(source))
-        text = path.read_text()
-        filename = filename or str(path.resolve())
+        path = Path(os.fspath(source)).resolve()
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise FileNotFoundError(f"Metal source {str(path)!r} cannot be read: {e.strerror}") from None
+        filename = filename or str(path)
+        dirs.append(str(path.parent))
     else:
         text = str(source)
         filename = filename or "kernel.metal"
-    key = (filename, text)
+    key = (filename, text, tuple(dirs))
     if key not in _libraries:
         try:
             tu, entries = translation_unit(text, filename)
         except MetalSubsetError as e:
             raise EmulationCompileError(f"bnb_emu/metal: {e}") from None
-        lib = build(tu, dialect="metal", label=filename, include_dirs=[str(_HEADERS)], defines={})
+        lib = build(tu, dialect="metal", label=filename, include_dirs=dirs, defines={})
         _libraries[key] = MetalLibrary(ctypes.CDLL(str(lib)), entries)
     return _libraries[key]
