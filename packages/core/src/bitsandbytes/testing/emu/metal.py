@@ -3,8 +3,8 @@
 The returned library exposes each kernel as an attribute, called the way torch calls a compiled shader:
 arguments in buffer order (tensors, Python ints as int64, floats as float32, lists of either as arrays,
 ``arg_casts`` to narrow them), ``threads=`` the total thread count (int or up to 3 dims, default the first
-tensor's numel) and ``group_size=`` the threadgroup size (torch's defaults). The kernel
-runs on CPU tensors, which it updates in place.
+tensor's numel) and ``group_size=`` the threadgroup size (torch's defaults). The kernel runs on CPU
+tensors, which it updates in place.
 
 The source is compiled as MSL would see it, with a few mechanical rewrites a header cannot express:
 threadgroup variable declarations become per-threadgroup storage, ``[[...]]`` attributes are read (buffer
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-# Kernel parameter attributes that take a position/size value; values name runtime's BuiltinId.
+# Kernel parameter attributes that take a position/size value -> bnb_emu::metal_launch::BuiltinId (metal.h).
 _BUILTINS = {
     "thread_position_in_grid": "THREAD_POSITION_IN_GRID",
     "thread_position_in_threadgroup": "THREAD_POSITION_IN_THREADGROUP",
