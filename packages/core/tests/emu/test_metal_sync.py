@@ -167,6 +167,12 @@ def test_simd_function_reached_from_two_branches_is_reported():
         lib.simd_sum_both_branches(torch.zeros(32), threads=32, group_size=32)
 
 
+def test_shuffle_delta_must_be_uniform():
+    lib = _lib("metal_simd.metal")
+    with pytest.raises(_error(), match=r"simd_shuffle_down at .*metal_simd.metal:\d+: its delta must be the same"):
+        lib.nonuniform_delta(torch.zeros(32), threads=32, group_size=32)
+
+
 def test_atomics_from_many_lanes_and_groups():
     lib = _lib("metal_atomics.metal")
     n, group = 1000, 128

@@ -71,3 +71,8 @@ kernel void simd_sum_both_branches(device float* out [[buffer(0)]], uint lane [[
   }
   out[lane] = v;
 }
+
+// A shuffle delta that differs between lanes (MSL requires the same delta in the whole SIMD-group).
+kernel void nonuniform_delta(device float* out [[buffer(0)]], ushort lane [[thread_index_in_simdgroup]]) {
+  out[lane] = simd_shuffle_down(float(lane), ushort(lane & 1));
+}

@@ -47,6 +47,7 @@ inline const char* intern_site(const char* file, int line) {
 template <class T>
 struct Slot {
   unsigned char present;
+  unsigned short arg;  // the lane's shuffle delta / mask / source lane, where MSL wants it uniform
   T value;
 };
 
@@ -69,16 +70,28 @@ struct Gathered {
   }
 };
 
+// `uniform_arg` names an argument MSL requires to be the same in every lane (nullptr: none).
 template <class T>
-inline Gathered<T> gather(const T& x, const char* what, const char* file, int line) {
-  static_assert(sizeof(Slot<T>) <= 64, "bnb_emu/metal: SIMD-group function on a value of more than 60 bytes");
+inline Gathered<T> gather(const T& x, const char* what, const char* file, int line, unsigned short arg = 0,
+                          const char* uniform_arg = nullptr) {
+  static_assert(sizeof(Slot<T>) <= 64, "bnb_emu/metal: SIMD-group function on a value of more than 48 bytes");
   Slot<T> mine;
   std::memset(static_cast<void*>(&mine), 0, sizeof mine);
   mine.present = 1;
+  mine.arg = arg;
   mine.value = x;
   Gathered<T> g;
-  bnb_emu::warp_exchange(intern_site(file, line), what, 0u, &mine, g.slot, sizeof(Slot<T>));
+  const char* site = intern_site(file, line);
+  bnb_emu::warp_exchange(site, what, 0u, &mine, g.slot, sizeof(Slot<T>));
   g.me = bnb_emu::lane().lane;
+  if (uniform_arg) {
+    for (unsigned i = 0; i < 32; ++i)
+      if (g.slot[i].present && g.slot[i].arg != arg)
+        bnb_emu::fail(
+            "%s at %s: its %s must be the same in every lane of the SIMD-group (MSL rule); lane %u passes "
+            "%u, lane %u passes %u",
+            what, site, uniform_arg, g.me, arg, i, g.slot[i].arg);
+  }
   return g;
 }
 
@@ -160,7 +173,7 @@ inline norm_t<X> simd_shuffle(const X& x0, ushort lane_id, BNB_EMU_SIMD_SITE) {
 }
 template <class X>
 inline norm_t<X> simd_broadcast(const X& x0, ushort lane_id, BNB_EMU_SIMD_SITE) {
-  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_broadcast", file, line);
+  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_broadcast", file, line, lane_id, "lane");
   return g.at(lane_id);
 }
 template <class X>
@@ -171,28 +184,28 @@ inline norm_t<X> simd_broadcast_first(const X& x0, BNB_EMU_SIMD_SITE) {
 // Lanes past the SIMD-group's end keep their own value (no wrap-around), as MSL specifies.
 template <class X>
 inline norm_t<X> simd_shuffle_down(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
-  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_down", file, line);
+  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_down", file, line, delta, "delta");
   const unsigned src = g.me + delta;
   return src >= 32 ? g.slot[g.me].value : g.at(src);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_up(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
-  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_up", file, line);
+  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_up", file, line, delta, "delta");
   return delta > g.me ? g.slot[g.me].value : g.at(g.me - delta);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_xor(const X& x0, ushort mask, BNB_EMU_SIMD_SITE) {
-  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_xor", file, line);
+  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_xor", file, line, mask, "mask");
   return g.at((g.me ^ mask) & 31u);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_rotate_down(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
-  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_rotate_down", file, line);
+  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_rotate_down", file, line, delta, "delta");
   return g.at((g.me + delta) & 31u);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_rotate_up(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
-  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_rotate_up", file, line);
+  const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_rotate_up", file, line, delta, "delta");
   return g.at((g.me + 32u - (delta & 31u)) & 31u);
 }
 
