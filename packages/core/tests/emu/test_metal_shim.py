@@ -218,6 +218,12 @@ UNSUPPORTED = {
         "vertex float4 vs(uint id [[vertex_id]]) { return float4(0.0); }\nkernel void k(device float* o) {}\n",
         "vertex functions are outside the emulated Metal subset",
     ),
+    "shuffled-bool": (
+        "#include <metal_stdlib>\nusing namespace metal;\n"
+        "kernel void k(device uint* o [[buffer(0)]], uint l [[thread_index_in_simdgroup]]) {"
+        " o[l] = simd_shuffle_down(l > 3, 1) ? 1 : 0; }\n",
+        "bnb_emu/metal: MSL cannot shuffle bool values",
+    ),
     "other-header": (
         "#include <metal_raytracing>\nkernel void k(device float* o [[buffer(0)]]) {}\n",
         "metal_raytracing",

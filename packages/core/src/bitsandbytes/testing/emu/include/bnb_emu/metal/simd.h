@@ -95,6 +95,13 @@ inline Gathered<T> gather(const T& x, const char* what, const char* file, int li
   return g;
 }
 
+// MSL has no SIMD-group shuffle or broadcast of bool (kernels cast to ushort and back).
+template <class T>
+constexpr bool shuffleable() {
+  using E = typename bnb_emu::metal_detail::elem_of<T>::type;
+  return !std::is_same<E, bool>::value;
+}
+
 template <class T, class F>
 inline T fold(const Gathered<T>& g, unsigned upto, bool inclusive, F f, bool* any = nullptr) {
   T acc{};
@@ -168,43 +175,51 @@ inline norm_t<X> simd_prefix_exclusive_product(const X& x0, BNB_EMU_SIMD_SITE) {
 
 template <class X>
 inline norm_t<X> simd_shuffle(const X& x0, ushort lane_id, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle", file, line);
   return g.at(lane_id);
 }
 template <class X>
 inline norm_t<X> simd_broadcast(const X& x0, ushort lane_id, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_broadcast", file, line, lane_id, "lane");
   return g.at(lane_id);
 }
 template <class X>
 inline norm_t<X> simd_broadcast_first(const X& x0, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_broadcast_first", file, line);
   return g.at(static_cast<unsigned>(__builtin_ctz(g.active())));
 }
 // Lanes past the SIMD-group's end keep their own value (no wrap-around), as MSL specifies.
 template <class X>
 inline norm_t<X> simd_shuffle_down(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_down", file, line, delta, "delta");
   const unsigned src = g.me + delta;
   return src >= 32 ? g.slot[g.me].value : g.at(src);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_up(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_up", file, line, delta, "delta");
   return delta > g.me ? g.slot[g.me].value : g.at(g.me - delta);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_xor(const X& x0, ushort mask, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_xor", file, line, mask, "mask");
   return g.at((g.me ^ mask) & 31u);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_rotate_down(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_rotate_down", file, line, delta, "delta");
   return g.at((g.me + delta) & 31u);
 }
 template <class X>
 inline norm_t<X> simd_shuffle_rotate_up(const X& x0, ushort delta, BNB_EMU_SIMD_SITE) {
+  static_assert(simd_detail::shuffleable<norm_t<X>>(), "bnb_emu/metal: MSL cannot shuffle bool values");
   const auto g = simd_detail::gather<norm_t<X>>(norm(x0), "simd_shuffle_rotate_up", file, line, delta, "delta");
   return g.at((g.me + 32u - (delta & 31u)) & 31u);
 }
