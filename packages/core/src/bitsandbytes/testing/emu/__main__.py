@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         try:
             if path.suffix == ".metal":  # Metal: the kernels torch.mps.compile_shader would expose
-                detail = f"kernels: {', '.join(dir(metal_library(path))) or 'none found'}"
+                lib = metal_library(path, include_dirs=args.include_dirs)
+                detail = f"kernels: {', '.join(dir(lib)) or 'none found'}"
             elif exports:
                 mod = load_cuda(path, exports, include_dirs=args.include_dirs)
                 detail = "; ".join(repr(k) for k in mod.kernels.values())
