@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .build import NEED_COMPILER, build, find_compiler, unavailable_reason
 from .errors import EmulationCompileError, EmulationError
+from .metal import MetalLibrary, metal_library
 from .module import Kernel, Module
 from .source import translation_unit
 
@@ -29,10 +30,12 @@ __all__ = [
     "EmulationCompileError",
     "EmulationError",
     "Kernel",
+    "MetalLibrary",
     "Module",
     "find_compiler",
     "include_dir",
     "load_cuda",
+    "metal_library",
     "skip_unless_available",
     "unavailable_reason",
 ]

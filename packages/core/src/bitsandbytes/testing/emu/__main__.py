@@ -1,4 +1,4 @@
-"""``python -m bitsandbytes.testing.emu FILE.cu [...]``: does a kernel source stay inside the emulated subset?
+"""``python -m bitsandbytes.testing.emu FILE [...]``: do kernel sources (.cu, .metal) stay inside the emulated subset?
 
 Compiles each CUDA source in emulation (as the tests would, cached) and prints ``ok`` or the compiler's
 message, which names any construct outside the subset. ``--kernel NAME`` (or ``NAME=EXPR`` for a template
@@ -12,14 +12,14 @@ import re
 import sys
 from pathlib import Path
 
-from . import EmulationCompileError, EmulationError, load_cuda
+from . import EmulationCompileError, EmulationError, load_cuda, metal_library
 from .build import build
 from .source import translation_unit
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bitsandbytes.testing.emu", description=__doc__.split("\n")[0])
-    parser.add_argument("files", nargs="+", type=Path, help="CUDA kernel sources (.cu)")
+    parser.add_argument("files", nargs="+", type=Path, help="CUDA (.cu) or Metal (.metal) kernel sources")
     parser.add_argument("--kernel", action="append", default=[], metavar="NAME[=EXPR]", help="kernel to export")
     parser.add_argument("-I", dest="include_dirs", action="append", default=[], help="extra include directory")
     args = parser.parse_args(argv)
@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for path in args.files:
         try:
-            if exports:
+            if path.suffix == ".metal":  # Metal: the kernels torch.mps.compile_shader would expose
+                lib = metal_library(path, include_dirs=args.include_dirs)
+                detail = f"kernels: {', '.join(dir(lib)) or 'none found'}"
+            elif exports:
                 mod = load_cuda(path, exports, include_dirs=args.include_dirs)
                 detail = "; ".join(repr(k) for k in mod.kernels.values())
             else:

@@ -272,6 +272,14 @@ void try_complete_collective(uint32_t warp, uint32_t mask) {
                 msg.c_str());
       abort_launch();
     }
+    // Metal's rule (mask 0): a SIMD-group function runs with the lanes active at that point, so lanes
+    // reaching it from different places took different branches; hardware would run separate groups.
+    if (mask == 0 && std::strcmp(members[i]->site, members[0]->site) != 0) {
+      std::string msg = census();
+      set_error("%s: lanes of SIMD-group %u reach %s at different places (divergent control flow): %s", where().c_str(),
+                warp, what, msg.c_str());
+      abort_launch();
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     char* out = static_cast<char*>(members[i]->out);
