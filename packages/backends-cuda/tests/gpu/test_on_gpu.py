@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bitsandbytes_cuda import launch, plugin
+from bitsandbytes_cuda.ops import int8 as int8_ops
 
 import bitsandbytes as bnb
 import bitsandbytes.backends as backends
-from bitsandbytes_cuda import launch, plugin
-from bitsandbytes_cuda.ops import int8 as int8_ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
@@ -40,7 +40,17 @@ def test_launch_on_a_side_stream_matches_the_default_stream():
 def test_tensors_on_two_devices_are_refused_and_second_device_works():
     A = torch.zeros(2, 4, dtype=torch.int8, device="cuda:1")
     with pytest.raises(ValueError, match="is on cuda:0"):
-        launch.launch("int8_vectorwise_dequant", 1, 32, 0, A, torch.ones(2, device="cuda:0"), torch.zeros(2, 4), 8, 4)
+        launch.launch(
+            "int8_vectorwise_dequant",
+            1,
+            32,
+            0,
+            A,
+            torch.ones(2, device="cuda:0"),
+            torch.zeros(2, 4, device="cuda:1"),
+            8,
+            4,
+        )
     out = int8_ops.int8_vectorwise_dequant(A, torch.ones(2, device="cuda:1"))  # current device is 0
     assert out.device == A.device and not out.any()
 
