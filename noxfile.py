@@ -56,7 +56,9 @@ def tests(session: nox.Session) -> None:
     install(session, "./packages/backends-cpu")
     session.run("pytest", "packages/backends-cpu/tests", *session.posargs, env=strict)
     # Upstream's bytes must come out of the native kernels too.
-    session.run("pytest", "-q", "packages/core/tests/test_compat_upstream.py", env=strict)
+    compat = ["packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py"]
+    session.run("pytest", "-q", *compat, env=strict)
+    upstream_loads_our_checkpoints(session, env=strict)
     for isa in CPU_ISAS:
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
@@ -89,6 +91,18 @@ def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
         *emulated,
         env={**strict, "BNB_BACKENDS": "none"},
     )
+
+
+def upstream_loads_our_checkpoints(session: nox.Session, env: dict[str, str]) -> None:
+    """Upstream bitsandbytes, in a venv of its own beside this session's (both distributions are named
+    bitsandbytes), loads the module and optimizer checkpoints our package writes and must reproduce our
+    results: ci/compat/roundtrip.py writes them here and checks them there."""
+    upstream = Path(session.virtualenv.location).parent / "tests-upstream"
+    python = upstream / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    if not python.exists():
+        session.run("python", "-m", "venv", str(upstream))
+    session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
+    session.run("python", "ci/compat/roundtrip.py", "--upstream-python", str(python), env=env)
 
 
 @nox.session
