@@ -39,8 +39,9 @@ CUDA = "./packages/backends-cuda"
 @nox.session
 def tests(session: nox.Session) -> None:
     """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, and
-    the conformance suite through its kernels at every ISA level; last, the real clients (transformers,
-    PEFT, accelerate) on the native kernels."""
+    the conformance suite through its kernels at every ISA level; the CUDA backend built with nvcc for one
+    architecture, its tests and the conformance suite on its emulated kernels; last, the real clients
+    (transformers, PEFT, accelerate) on the native kernels."""
     install(session, "torch", "-e", f"{CORE}[test]")
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run(
