@@ -132,3 +132,14 @@ def test_errors_are_the_references(emulated):
         ops.int8_vectorwise_dequant(A, torch.zeros(2, dtype=torch.float16))
     with pytest.raises(ValueError, match="threshold"):
         ops.int8_vectorwise_quant(torch.zeros(2, 3), -1.0)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 2.5])
+def test_double_quant_column_stats_merge_across_row_blocks(emulated, threshold):
+    # 600 rows: the column absmax kernel splits them over several blocks that merge with atomicMax.
+    A = _data((600, 40), torch.float16, seed=10)
+    A[450, 3] = 9.0  # the largest value of its column sits in a late block
+    A[599, 7] = float("nan")
+    A[10, 8] = -float("nan")
+    for g, w in zip(ops.int8_double_quant(A, threshold), ref.int8_double_quant(A, threshold), strict=True):
+        _same(g, w)

@@ -62,7 +62,10 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
-// Column absmax of the inliers: block (32, ROWS) covers 32 columns; lanes with the same x stride the rows.
+// Column absmax of the inliers: block (32, ROWS) covers 32 columns and a share of the rows (grid.y
+// blocks stride them), then merges into stats[c] (zeroed by the caller) with an integer atomicMax: for
+// non-negative floats, and +NaN, the order of the bit patterns is the order of the values with NaN on
+// top, so the merge is NaN-propagating and independent of the order blocks finish in.
 template <typename T, int ROWS>
 __global__ void __launch_bounds__(32 * ROWS)
     int8_col_absmax(const T* __restrict__ A, float threshold, int outliers, float* __restrict__ stats, long long rows,
@@ -71,7 +74,8 @@ __global__ void __launch_bounds__(32 * ROWS)
   const long long c = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
   float m = 0.0f;
   if (c < cols) {
-    for (long long r = threadIdx.y; r < rows; r += ROWS) {
+    const long long stride = static_cast<long long>(ROWS) * gridDim.y;
+    for (long long r = static_cast<long long>(blockIdx.y) * ROWS + threadIdx.y; r < rows; r += stride) {
       float v = fabsf(bnb::to_float(A[r * cols + c]));
       if (outliers && v >= threshold) v = 0.0f;
       m = bnb::nan_max(m, v);
@@ -81,7 +85,8 @@ __global__ void __launch_bounds__(32 * ROWS)
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     for (int y = 1; y < ROWS; ++y) m = bnb::nan_max(m, partial[y][threadIdx.x]);
-    stats[c] = m;
+    if (m != m) m = __int_as_float(0x7fc00000);  // one positive NaN, whatever the input's sign bit
+    atomicMax(reinterpret_cast<int*>(stats) + c, __float_as_int(m));
   }
 }
 

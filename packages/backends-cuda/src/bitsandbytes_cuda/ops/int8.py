@@ -80,12 +80,15 @@ def int8_double_quant(A: torch.Tensor, threshold: float = 0.0):
     row_codes, row_stats, outlier_cols = _row_quant(A, threshold)
     rows, cols = _rows_cols(A)
     col_codes = torch.empty(A.shape, dtype=torch.int8, device=A.device)
-    col_stats = torch.empty(cols, dtype=torch.float32, device=A.device)
+    col_stats = torch.zeros(cols, dtype=torch.float32, device=A.device)  # the kernel merges with atomicMax
     outliers = int(threshold > 0.0)
     thr = _threshold_in(A, threshold) if outliers else 0.0
     sfx = suffix(A.dtype)
-    if cols:
-        launch(f"int8_col_absmax_{sfx}", (cols + 31) // 32, (32, COL_ROWS), 0, A, thr, outliers, col_stats, rows, cols)
+    if A.numel():
+        # About 16 rows per lane; grid.y is capped, lanes stride the rest.
+        row_blocks = min(max(1, rows // (COL_ROWS * 16)), 65535)
+        grid = ((cols + 31) // 32, row_blocks)
+        launch(f"int8_col_absmax_{sfx}", grid, (32, COL_ROWS), 0, A, thr, outliers, col_stats, rows, cols)
     if A.numel():
         grid, block = rows_cols_geometry(rows, cols)
         launch(f"int8_col_quant_{sfx}", grid, block, 0, A, thr, outliers, col_stats, col_codes, rows, cols)
