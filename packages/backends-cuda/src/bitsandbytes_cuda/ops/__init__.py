@@ -1,0 +1,1 @@
+"""Op implementations for device cuda (one module per family; each has register())."""
