@@ -1,5 +1,5 @@
-// Device helpers of the quant family (8-bit blockwise and 4-bit NF4/FP4 quantization): element
-// loads/stores widened to float32, and the group max used for block absmax.
+// Device helpers of the quant family (8-bit blockwise and 4-bit NF4/FP4 quantization): vectorised
+// element loads/stores widened to float32, and the group max used for block absmax.
 // Semantics: bitsandbytes/_reference/blockwise.py and fourbit.py; constants: bitsandbytes/formats.h.
 #pragma once
 
@@ -13,6 +13,8 @@
 #endif
 #include <bitsandbytes/formats.h>
 
+#include "common.cuh"
+
 namespace bnb_quant {
 
 // Values each thread quantizes or dequantizes: 16 bytes of fp16/bf16 input, 32 of fp32. The block
@@ -24,25 +26,8 @@ __device__ __forceinline__ bool aligned(const void* p, unsigned bytes) {
   return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
 }
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// float32 rounded to nearest even in the element type (what torch's .to(dtype) does).
-template <class T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using bnb::from_float;
+using bnb::to_float;
 
 // Element bits <-> float32, for the vector paths (which move 32-bit words).
 __device__ __forceinline__ float half_bits_to_float(unsigned u, const __half*) {

@@ -145,7 +145,7 @@ def dequantize_4bit_out(
     _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
 
 
-# op name -> implementation, for the plugin (device cuda) and the emulated test plugin (device cpu).
+# op name -> implementation (registered by bitsandbytes_cuda.ops.register_all).
 OPS = {
     "quantize_blockwise": quantize_blockwise,
     "dequantize_blockwise": dequantize_blockwise,
@@ -154,9 +154,3 @@ OPS = {
     "dequantize_4bit": dequantize_4bit,
     "dequantize_4bit.out": dequantize_4bit_out,
 }
-
-
-def register(device: str = "cuda") -> None:
-    """Register every op of the family as the ``device`` kernel of ``bitsandbytes::<op>``."""
-    for op, fn in OPS.items():
-        torch.library.register_kernel(f"bitsandbytes::{op}", device)(fn)
