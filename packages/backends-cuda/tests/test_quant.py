@@ -118,6 +118,24 @@ def test_blockwise_ties_go_to_the_lower_neighbour(code):
     check_blockwise(A, code, 256)
 
 
+def on_midpoints(mids: torch.Tensor, blocksize: int, absmax: float) -> torch.Tensor:
+    """A full block and a short last block whose values are midpoints times ``absmax``: scaled by the
+    full-block rule (multiply by 1 / absmax) or the last-block rule (divide) they land on the midpoint
+    (a tie) or one ulp off it, depending on the rule; so each block checks that the kernel uses its rule."""
+    block = torch.cat([torch.tensor([absmax]), mids * absmax])
+    block = torch.cat([block, torch.zeros(blocksize - block.numel())])
+    a = torch.tensor(absmax)
+    x = mids * absmax
+    multiply, divide = x * (1.0 / a) == mids, x / a == mids
+    assert (multiply & ~divide).any() and (divide & ~multiply).any(), "each rule must make ties the other does not"
+    return torch.cat([block, block[: mids.numel()]])
+
+
+def test_blockwise_full_blocks_multiply_the_last_block_divides(code):
+    by_value = code.sort().values
+    check_blockwise(on_midpoints((by_value[:-1] + by_value[1:]) / 2, 256, 7.0), code, 256)
+
+
 def test_blockwise_unsorted_map_with_duplicates(code):
     """quant_map_prepare sorts the map stably: any order, equal entries go to the lowest index."""
     g = torch.Generator().manual_seed(7)
@@ -186,6 +204,13 @@ def test_4bit_ties_and_signed_zeros(quant_type):
     tiny = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 2e-3, -2e-3])
     A = torch.cat([torch.ones(1), mids, v, tiny, torch.nextafter(mids, torch.ones(1)), torch.ones(1) * -1])
     check_4bit(A, 64, quant_type)
+
+
+@pytest.mark.parametrize(("quant_type", "absmax"), [("nf4", 6.2484564781188965), ("fp4", 3.2500076293945312)])
+def test_4bit_full_blocks_multiply_the_last_block_divides(quant_type, absmax):
+    # (absmax values found by search: ones where both rules make ties the other does not)
+    v = bitsandbytes._formats.code_table(quant_type, "cpu").float().sort().values
+    check_4bit(on_midpoints((v[:-1] + v[1:]) / 2, 32, absmax), 32, quant_type)
 
 
 @pytest.mark.parametrize("value", NONFINITE, ids=str)
