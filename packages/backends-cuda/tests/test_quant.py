@@ -2,26 +2,22 @@
 
 Codes, absmax and dequantized values are bytes the formats define, so every comparison is bit-exact
 (absmax NaNs included: the kernel writes the quiet NaN torch's amax gives; only the payload of a
-dequantized NaN is free). The op functions of
-``bitsandbytes_cuda.ops.quant`` are called directly on CPU tensors with ``launch`` in emulator mode.
+dequantized NaN is free). The op functions of ``bitsandbytes_cuda.ops.quant`` are called directly on
+CPU tensors with ``launch`` in emulator mode. That quant.cu builds with nvcc (warnings as errors) is
+test_launch.py's library build; the conformance suite runs these ops via bitsandbytes_cuda.testing.emulated.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
-from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import quant
 
 import bitsandbytes
 from bitsandbytes import functional
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 from bitsandbytes.testing.cases import (
     BLOCKSIZES,
     DTYPES,
@@ -38,19 +34,11 @@ from bitsandbytes.testing.cases import (
 )
 from bitsandbytes.testing.compare import assert_equal
 
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
 CASES = list(blockwise_cases())
 CASE_IDS = [f"{dtype_id(d)}-b{b}-{'x'.join(map(str, s))}" for d, b, s in CASES]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def emulated():
-    reason = emu.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    old = launch.use_emulator(True)
-    yield
-    launch.use_emulator(old)
+pytestmark = pytest.mark.usefixtures("emulated")  # conftest: launch() in the emulator
 
 
 @pytest.fixture(scope="module")
@@ -279,18 +267,3 @@ def test_errors_are_the_references(code, op, args):
         REFERENCE[op](*args(code))
     with pytest.raises(type(ref.value), match=re.escape(str(ref.value))):
         getattr(quant, op)(*args(code))
-
-
-def test_nvcc_compiles_the_generated_launchers(tmp_path):
-    """quant.cu and its generated launchers build for a real GPU (device and host code) with nvcc."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc (the CUDA toolkit) is not installed")
-    from bitsandbytes_cuda import _generate, tables
-
-    src = tmp_path / "launchers_quant.gen.cu"
-    src.write_text(_generate.source_text("quant.cu", tables.by_source()["quant.cu"]))
-    cmd = [nvcc, "-arch=sm_80", "-std=c++17", "-c", str(src), "-o", str(tmp_path / "quant.o")]
-    cmd += ["-I", str(CSRC), "-I", bitsandbytes.get_include(), "-Werror", "all-warnings"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr

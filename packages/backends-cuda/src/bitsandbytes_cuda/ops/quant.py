@@ -20,8 +20,7 @@ from bitsandbytes._ops import (
 )
 
 from ..launch import launch
-
-_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+from ._common import suffix
 
 # Values per thread in the quant kernels (kItems in quant.cuh).
 ITEMS_PER_THREAD = 8
@@ -65,7 +64,7 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
     if n:
         mids, order = sorted_code_map(code)
         grid, threads = quantize_geometry(n, blocksize)
-        name = f"quantize_blockwise_{_SUFFIX[A.dtype]}"
+        name = f"quantize_blockwise_{suffix(A.dtype)}"
         launch(name, grid, threads, 0, A.contiguous(), mids, order, out, absmax, n, blocksize)
     return out, absmax
 
@@ -74,7 +73,7 @@ def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
     n = A.numel()
     if n:
         grid, threads = dequantize_geometry(n)
-        name = f"dequantize_blockwise_{_SUFFIX[out.dtype]}"
+        name = f"dequantize_blockwise_{suffix(out.dtype)}"
         launch(name, grid, threads, 0, A.contiguous(), absmax.contiguous(), code.contiguous(), out, n, blocksize)
 
 
@@ -108,7 +107,7 @@ def quantize_4bit(
     absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
     if n:
         grid, threads = quantize_geometry(n, blocksize)
-        name = f"quantize_4bit_{quant_type}_{_SUFFIX[A.dtype]}"
+        name = f"quantize_4bit_{quant_type}_{suffix(A.dtype)}"
         launch(name, grid, threads, 0, A.contiguous(), packed, absmax, n, blocksize)
     return packed.view(quant_storage).reshape(_formats.packed_4bit_shape(n, quant_storage)), absmax
 
@@ -117,7 +116,7 @@ def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
     n = out.numel()
     if n:
         grid, threads = dequantize_geometry(n)
-        name = f"dequantize_4bit_{quant_type}_{_SUFFIX[out.dtype]}"
+        name = f"dequantize_4bit_{quant_type}_{suffix(out.dtype)}"
         raw = A.contiguous().reshape(-1).view(torch.uint8)  # the bytes, whatever the storage dtype
         launch(name, grid, threads, 0, raw, absmax.contiguous(), out, n, blocksize)
 
