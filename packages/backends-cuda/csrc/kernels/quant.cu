@@ -24,12 +24,14 @@ __device__ __forceinline__ bool sorts_before(float a, float b) { return a < b ||
 // One block of 256 threads; each thread finds the stable rank of one entry.
 __global__ void __launch_bounds__(256)
     quant_map_prepare(const float* __restrict__ code, float* __restrict__ mids, unsigned char* __restrict__ order) {
-  __shared__ float sorted[256];
+  __shared__ float values[256], sorted[256];
   const int i = threadIdx.x;
   const float c = code[i];
-  int rank = 0;
+  values[i] = c;
+  __syncthreads();
+  int rank = 0;  // every lane reads the same entry at once: a shared-memory broadcast
   for (int j = 0; j < 256; ++j) {
-    const float d = code[j];
+    const float d = values[j];
     rank += bnb_quant::sorts_before(d, c) || (j < i && !bnb_quant::sorts_before(c, d));
   }
   sorted[rank] = c;
