@@ -1,0 +1,155 @@
+"""quantize/dequantize_blockwise (8-bit) and quantize/dequantize_4bit (NF4/FP4) on CUDA.
+
+Validation is the core's (same errors as the reference); outputs are allocated by torch on the input's
+device; the launch geometry of the quant kernels is computed here and nowhere else (the kernels'
+requirements are stated at the top of csrc/kernels/quant.cu).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from bitsandbytes import _checks, _formats
+from bitsandbytes._ops import (
+    check_dequantize_4bit,
+    check_dequantize_blockwise,
+    check_quantize_4bit,
+    check_quantize_blockwise,
+)
+
+from ..launch import launch
+from ._common import suffix
+
+# Values per thread in the quant kernels (kItems in quant.cuh).
+ITEMS_PER_THREAD = 8
+# Threads per block of the dequantizers, and the least per block of the quantizers.
+THREADS = 256
+# Largest grid: the kernels stride over the rest, so each block loads its code table once for many
+# values. Enough blocks to fill any current GPU several times over (tests lower it to exercise the stride).
+MAX_GRID = 4096
+
+
+def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:
+    """(grid, threads) of a quantizer: a group of blocksize / 8 threads per quantization block."""
+    group = blocksize // ITEMS_PER_THREAD
+    threads = max(THREADS, group)
+    per_block = threads // group
+    blocks = _checks.n_blocks(n, blocksize)
+    return max(1, min(MAX_GRID, _checks.n_blocks(blocks, per_block))), threads
+
+
+def dequantize_geometry(n: int) -> tuple[int, int]:
+    """(grid, threads) of a dequantizer: 8 consecutive values per thread."""
+    return max(1, min(MAX_GRID, _checks.n_blocks(n, THREADS * ITEMS_PER_THREAD))), THREADS
+
+
+def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8-bit map's float32 midpoints in value order (256; the last unused) and each sorted slot's code."""
+    mids = torch.empty(256, dtype=torch.float32, device=code.device)
+    order = torch.empty(256, dtype=torch.uint8, device=code.device)
+    launch("quant_map_prepare", 1, 256, 0, code.contiguous(), mids, order)
+    return mids, order
+
+
+# ------------------------------------------------------------------------------------------- 8-bit
+
+
+def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_blockwise(A, code, blocksize)
+    n = A.numel()
+    out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
+    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    if n:
+        mids, order = sorted_code_map(code)
+        grid, threads = quantize_geometry(n, blocksize)
+        name = f"quantize_blockwise_{suffix(A.dtype)}"
+        launch(name, grid, threads, 0, A.contiguous(), mids, order, out, absmax, n, blocksize)
+    return out, absmax
+
+
+def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
+    n = A.numel()
+    if n:
+        grid, threads = dequantize_geometry(n)
+        name = f"dequantize_blockwise_{suffix(out.dtype)}"
+        launch(name, grid, threads, 0, A.contiguous(), absmax.contiguous(), code.contiguous(), out, n, blocksize)
+
+
+def dequantize_blockwise(
+    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
+) -> torch.Tensor:
+    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
+    out = torch.empty(A.shape, dtype=dtype, device=A.device)
+    _dequantize_blockwise_into(A, absmax, code, blocksize, out)
+    return out
+
+
+def dequantize_blockwise_out(
+    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
+) -> None:
+    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
+    _checks.out_tensor(out, A.shape, dtype, A.device)
+    _dequantize_blockwise_into(A, absmax, code, blocksize, out)
+
+
+# ------------------------------------------------------------------------------------------- 4-bit
+
+
+def quantize_4bit(
+    A: torch.Tensor, blocksize: int, quant_type: str, quant_storage: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_4bit(A, blocksize, quant_type, quant_storage)
+    n = A.numel()
+    # The kernel writes bytes; quant_storage is only a view of them.
+    packed = torch.empty(_checks.packed_4bit_bytes(n), dtype=torch.uint8, device=A.device)
+    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    if n:
+        grid, threads = quantize_geometry(n, blocksize)
+        name = f"quantize_4bit_{quant_type}_{suffix(A.dtype)}"
+        launch(name, grid, threads, 0, A.contiguous(), packed, absmax, n, blocksize)
+    return packed.view(quant_storage).reshape(_formats.packed_4bit_shape(n, quant_storage)), absmax
+
+
+def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
+    n = out.numel()
+    if n:
+        grid, threads = dequantize_geometry(n)
+        name = f"dequantize_4bit_{quant_type}_{suffix(out.dtype)}"
+        raw = A.contiguous().reshape(-1).view(torch.uint8)  # the bytes, whatever the storage dtype
+        launch(name, grid, threads, 0, raw, absmax.contiguous(), out, n, blocksize)
+
+
+def dequantize_4bit(
+    A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
+    out = torch.empty(dims, dtype=dtype, device=A.device)
+    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
+    return out
+
+
+def dequantize_4bit_out(
+    A: torch.Tensor,
+    absmax: torch.Tensor,
+    blocksize: int,
+    quant_type: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    out: torch.Tensor,
+) -> None:
+    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
+    _checks.out_tensor(out, dims, dtype, A.device)
+    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
+
+
+# op name -> implementation (registered by bitsandbytes_cuda.ops.register_all).
+OPS = {
+    "quantize_blockwise": quantize_blockwise,
+    "dequantize_blockwise": dequantize_blockwise,
+    "dequantize_blockwise.out": dequantize_blockwise_out,
+    "quantize_4bit": quantize_4bit,
+    "dequantize_4bit": dequantize_4bit,
+    "dequantize_4bit.out": dequantize_4bit_out,
+}
