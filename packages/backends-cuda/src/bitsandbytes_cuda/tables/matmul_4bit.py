@@ -1,0 +1,56 @@
+"""Kernel table of ``csrc/kernels/matmul_4bit.cu``: the 4-bit gemv, weight dequantization, nested absmax.
+
+Names: ``gemv_4bit_<dtype>_<vec|any>`` (``vec``: K % 32 == 0 and 16-byte aligned A and B, one 16-byte
+load per 32 weights; ``any``: every shape and alignment), ``dequantize_4bit_weight_<dtype>``,
+``expand_nested_absmax``.
+"""
+
+from __future__ import annotations
+
+from . import Kernel
+
+SOURCE = "matmul_4bit.cu"
+# Short name -> CUDA element type, for A, bias, out and the dequantized weight.
+DTYPES = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16"}
+
+
+def _gemv(dt: str, ctype: str, vec: bool) -> Kernel:
+    return Kernel(
+        name=f"gemv_4bit_{dt}_{'vec' if vec else 'any'}",
+        source=SOURCE,
+        expr=f"gemv_4bit<{ctype}, {'true' if vec else 'false'}>",
+        params=(
+            f"const {ctype}*",  # A [M, K]
+            "const unsigned char*",  # B, packed codes
+            "const float*",  # absmax, one per block
+            "const float*",  # code, the 16-entry table
+            f"const {ctype}*",  # bias [N] (read only if has_bias)
+            "int",  # has_bias
+            f"{ctype}*",  # out [M, N]
+            "long long",  # M
+            "long long",  # N
+            "long long",  # K
+            "int",  # blocksize
+        ),
+    )
+
+
+def _dequant(dt: str, ctype: str) -> Kernel:
+    return Kernel(
+        name=f"dequantize_4bit_weight_{dt}",
+        source=SOURCE,
+        expr=f"dequantize_4bit_weight<{ctype}>",
+        params=("const unsigned char*", "const float*", "const float*", f"{ctype}*", "long long", "int"),
+    )
+
+
+KERNELS = [
+    *(_gemv(dt, ctype, vec) for dt, ctype in DTYPES.items() for vec in (True, False)),
+    *(_dequant(dt, ctype) for dt, ctype in DTYPES.items()),
+    Kernel(
+        name="expand_nested_absmax",
+        source=SOURCE,
+        expr="expand_nested_absmax",
+        params=("const unsigned char*", "const float*", "const float*", "const float*", "float*", "long long"),
+    ),
+]

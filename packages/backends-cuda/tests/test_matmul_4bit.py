@@ -1,0 +1,235 @@
+"""The matmul_4bit family (gemv_4bit, gemv_4bit.out, gemm_4bit) run in the CUDA emulator vs the reference.
+
+Bit-exact where the bytes are defined: the dequantized weight of the many-rows path (one fp32 product
+``table[code] * absmax`` rounded once to the dtype) and the double-quantized block scales. The products
+themselves within the conformance suite's stated tolerance (``bitsandbytes.testing.conformance.
+test_fourbit``): fp32 accumulation in another order, and the fused kernel multiplies by the fp32 weight
+rather than the weight rounded to A's dtype. Shapes are chosen to reach every kernel path: the 16-byte
+vector path (K % 32 == 0) with more than one step per lane, the any-alignment path (odd K, rows starting
+mid-byte, a misaligned A), blocks spanning rows, N not a multiple of the warps per block, the row tiling
+and the dequantize + GEMM path above FUSED_MAX_ROWS.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from bitsandbytes import _formats
+from bitsandbytes._reference import REFERENCE
+from bitsandbytes.testing import emu
+from bitsandbytes_cuda import launch
+from bitsandbytes_cuda.ops import matmul_4bit as ops
+from bitsandbytes_cuda.tables import matmul_4bit as table
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+QUANT_TYPES = ["nf4", "fp4"]
+
+
+@pytest.fixture(autouse=True)
+def emulated(monkeypatch):
+    reason = emu.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    old = launch.use_emulator(True)
+    names: list[str] = []
+    real = ops.launch
+
+    def recording(name, *args):
+        names.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(ops, "launch", recording)
+    yield names
+    launch.use_emulator(old)
+
+
+def tolerance(A: torch.Tensor, W: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """The conformance suite's bound: eps(dtype) * (|ref| + 2 S) + 2 sqrt(K) eps(fp32) S, S = |A| @ |W|.T."""
+    S = A.double().abs() @ W.double().abs().T
+    eps = torch.finfo(A.dtype).eps
+    return eps * (ref.double().abs() + 2 * S) + 2 * A.shape[-1] ** 0.5 * torch.finfo(torch.float32).eps * S
+
+
+def assert_matmul_close(out, ref, A, W):
+    assert out.dtype == ref.dtype == A.dtype and out.shape == ref.shape
+    diff = (out.double() - ref.double()).abs()
+    bound = tolerance(A.reshape(-1, A.shape[-1]), W, ref.reshape(-1, ref.shape[-1])).reshape(ref.shape)
+    bad = diff > bound
+    assert not bad.any(), f"{int(bad.sum())} elements off; worst {diff.max().item()} (bound there {bound[bad][0]})"
+
+
+def quantized(N, K, blocksize, quant_type, seed, storage=torch.uint8):
+    """(packed, absmax, the dequantized [N, K] weight in float64)."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn((N, K), generator=g)
+    packed, absmax = REFERENCE["quantize_4bit"](W, blocksize, quant_type, storage)
+    W64 = REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], torch.float32).double()
+    return packed, absmax, W64
+
+
+def code_of(quant_type):
+    return _formats.code_table(quant_type, "cpu").float()
+
+
+def rand(shape, dtype, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# (A's shape, N, blocksize, the kernel expected: vec / any / gemm)
+GEMV_CASES = [
+    ((1, 64), 7, 64, "vec"),
+    ((1, 1088), 5, 64, "vec"),  # two steps for lanes 0-1, one for the rest
+    ((3, 96), 9, 32, "vec"),
+    ((8, 160), 6, 4096, "vec"),  # one block spans all rows
+    ((2, 1, 33), 5, 64, "any"),  # odd K: every other row starts on a low nibble
+    ((37,), 3, 32, "any"),
+    ((5, 200), 3, 128, "any"),  # K % 32 != 0, blocks end mid-row
+    ((9, 64), 4, 64, "gemm"),
+    ((3, 4, 72), 5, 32, "gemm"),
+]
+
+
+@pytest.mark.parametrize(("a_shape", "N", "blocksize", "path"), GEMV_CASES, ids=str)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_4bit(emulated, dtype, quant_type, a_shape, N, blocksize, path):
+    K = a_shape[-1]
+    packed, absmax, W64 = quantized(N, K, blocksize, quant_type, seed=N * K + blocksize)
+    A = rand(a_shape, dtype, seed=K)
+    args = (A, packed, [N, K], absmax, code_of(quant_type), blocksize)
+    out = ops.gemv_4bit(*args)
+    kernel = {"vec": "gemv_4bit_{}_vec", "any": "gemv_4bit_{}_any", "gemm": "dequantize_4bit_weight_{}"}[path]
+    assert emulated == [kernel.format(table_dt(dtype))]
+    assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
+    assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
+
+
+def table_dt(dtype):
+    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_misaligned_a_takes_any_path(emulated, dtype):
+    N, K = 6, 128
+    packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
+    A = rand((2 * K + 1,), dtype, seed=2)[1:].view(2, K)  # contiguous, not 16-byte aligned
+    out = ops.gemv_4bit(A, packed, [N, K], absmax, code_of("nf4"), 64)
+    assert emulated == [f"gemv_4bit_{table_dt(dtype)}_any"]
+    assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
+
+
+@pytest.mark.parametrize("rows", [1, 12])
+@pytest.mark.parametrize("storage", [torch.uint8, torch.float16, torch.float32])
+def test_gemv_out_and_quant_storage(rows, storage):
+    N, K = 10, 64
+    packed, absmax, W64 = quantized(N, K, 32, "fp4", seed=3, storage=storage)
+    A = rand((rows, K), torch.bfloat16, seed=4)
+    args = (A, packed, [N, K], absmax, code_of("fp4"), 32)
+    out = ops.gemv_4bit(*args)
+    assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
+    buf = torch.full((rows, N), float("nan"), dtype=torch.bfloat16)
+    ops.gemv_4bit_out(*args, buf)
+    assert torch.equal(buf, out)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        ops.gemv_4bit_out(*args, torch.empty((rows, 2 * N), dtype=torch.bfloat16)[:, ::2])
+
+
+@pytest.mark.parametrize("rows", [2, 11])
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemm_4bit(dtype, bias, nested, rows):
+    N, K, blocksize = 13, 96, 32
+    packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
+    A = rand((rows, K), dtype, seed=6)
+    kwargs = {"bias": rand((N,), dtype, seed=7)} if bias else {}
+    if nested:
+        dyn = torch.linspace(-1, 1, 256)
+        offset = absmax.mean()
+        absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
+        kwargs |= {"absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset.reshape(1)}
+        effective = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+        W64 = REFERENCE["dequantize_4bit"](packed, effective, blocksize, "nf4", [N, K], torch.float32).double()
+        absmax = absmax2
+    args = (A, packed, [N, K], absmax, blocksize, "nf4")
+    out = ops.gemm_4bit(*args, **kwargs)
+    assert_matmul_close(out, REFERENCE["gemm_4bit"](*args, **kwargs), A, W64)
+    truth = A.double() @ W64.T + (kwargs["bias"].double() if bias else 0)
+    assert_matmul_close(out, truth.to(dtype), A, W64)
+
+
+def test_nested_absmax_bit_exact():
+    n = 700  # three blocks of 256 scales, the last partial
+    q = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
+    absmax2 = torch.rand(3) * 3
+    dyn = torch.linspace(-1, 1, 256) ** 3
+    offset = torch.tensor([0.37])
+    got = ops.expand_nested_absmax(q, absmax2, dyn, offset)
+    want = REFERENCE["dequantize_blockwise"](q, absmax2, dyn, 256, torch.float32) + offset.reshape(())
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("N", "K", "blocksize"), [(3, 37, 32), (16, 64, 64), (5, 300, 1024)], ids=str)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dequantized_weight_bit_exact(dtype, quant_type, N, K, blocksize):
+    packed, absmax, _ = quantized(N, K, blocksize, quant_type, seed=9)
+    W = ops.dequantize_weight(ops._bytes(packed), N, K, absmax, code_of(quant_type), blocksize, dtype)
+    assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], dtype))
+
+
+def test_empty_dimensions(emulated):
+    packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=10)
+    code = code_of("nf4")
+    assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code, 32).shape == (0, 4)
+    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4")
+    assert torch.equal(out, torch.zeros(2, 3))
+    bias = torch.randn(3)
+    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", bias)
+    assert torch.equal(out, bias.expand(2, 3))
+    assert emulated == []
+
+
+def test_errors_are_the_references():
+    packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=11)
+    A = torch.randn(1, 32)
+    with pytest.raises(ValueError, match="code must have 16 elements"):
+        ops.gemv_4bit(A, packed, [4, 32], absmax, torch.zeros(8), 32)
+    with pytest.raises(ValueError, match="A's last dimension"):
+        ops.gemm_4bit(torch.randn(1, 31), packed, [4, 32], absmax, 32, "nf4")
+    with pytest.raises(TypeError, match="bias"):
+        ops.gemm_4bit(A, packed, [4, 32], absmax, 32, "nf4", bias=torch.zeros(4, dtype=torch.float16))
+
+
+def test_geometry_constants_match_the_kernel_source():
+    src = (launch.kernel_dir() / "kernels" / table.SOURCE).read_text()
+    assert re.search(rf"kGemvWarps = {ops.GEMV_WARPS};", src)
+    assert re.search(rf"kGemvMaxRows = {ops.GEMV_MAX_ROWS};", src)
+    assert re.search(rf"kDequantPerThread = {ops.DEQUANT_PER_THREAD};", src)
+
+
+def test_nvcc_compiles_every_table_entry(tmp_path):
+    """Every kernel of the table instantiates under nvcc for sm_80, without register spills."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs nvcc (the CUDA toolkit)")
+    import bitsandbytes
+
+    csrc = launch.kernel_dir()
+    refs = ",\n".join(f"    reinterpret_cast<const void*>(&{k.expr})" for k in table.KERNELS)
+    unit = tmp_path / "instantiate.cu"
+    unit.write_text(
+        f'#include "kernels/{table.SOURCE}"\n\nconst void* const bnb_kernels[] = {{\n{refs}\n}};\n', encoding="utf-8"
+    )
+    cmd = [nvcc, "-arch=sm_80", "-std=c++17", "-Xptxas", "-v", "-I", str(csrc), "-I", bitsandbytes.get_include()]
+    res = subprocess.run([*cmd, "-c", str(unit), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert len(spills) == len(table.KERNELS) and not any(spills), res.stderr
+    assert Path(tmp_path / "k.o").stat().st_size > 0
