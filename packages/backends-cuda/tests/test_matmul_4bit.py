@@ -25,6 +25,7 @@ from bitsandbytes._reference import REFERENCE
 from bitsandbytes.testing import emu
 from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import matmul_4bit as ops
+from bitsandbytes_cuda.ops._common import suffix
 from bitsandbytes_cuda.tables import matmul_4bit as table
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -105,13 +106,9 @@ def test_gemv_4bit(emulated, dtype, quant_type, a_shape, N, blocksize, path):
     args = (A, packed, [N, K], absmax, code_of(quant_type), blocksize)
     out = ops.gemv_4bit(*args)
     kernel = {"vec": "gemv_4bit_{}_vec", "any": "gemv_4bit_{}_any", "gemm": "dequantize_4bit_weight_{}"}[path]
-    assert emulated == [kernel.format(table_dt(dtype))]
+    assert emulated == [kernel.format(suffix(dtype))]
     assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
-
-
-def table_dt(dtype):
-    return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -120,7 +117,7 @@ def test_gemv_misaligned_a_takes_any_path(emulated, dtype):
     packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
     A = rand((2 * K + 1,), dtype, seed=2)[1:].view(2, K)  # contiguous, not 16-byte aligned
     out = ops.gemv_4bit(A, packed, [N, K], absmax, code_of("nf4"), 64)
-    assert emulated == [f"gemv_4bit_{table_dt(dtype)}_any"]
+    assert emulated == [f"gemv_4bit_{suffix(dtype)}_any"]
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
 
@@ -209,9 +206,9 @@ def test_errors_are_the_references():
 
 def test_geometry_constants_match_the_kernel_source():
     src = (launch.kernel_dir() / "kernels" / table.SOURCE).read_text()
-    assert re.search(rf"kGemvWarps = {ops.GEMV_WARPS};", src)
-    assert re.search(rf"kGemvMaxRows = {ops.GEMV_MAX_ROWS};", src)
-    assert re.search(rf"kDequantPerThread = {ops.DEQUANT_PER_THREAD};", src)
+    assert re.search(rf"kGemvWarps = {table.GEMV_WARPS};", src)
+    assert re.search(rf"kGemvMaxRows = {table.GEMV_MAX_ROWS};", src)
+    assert re.search(rf"kDequantPerThread = {table.DEQUANT_PER_THREAD};", src)
 
 
 def test_nvcc_compiles_every_table_entry(tmp_path):

@@ -9,7 +9,6 @@
 //   16-byte aligned A and B): each lane takes 32 weights (16 bytes, one load) per step, a warp 512
 //   contiguous bytes; a 32-weight chunk never straddles a block (blocksize >= 32, powers of two), so one
 //   scale per chunk. Otherwise lane k takes weights k, k + 32, ... one by one (odd K, misaligned views).
-//   has_bias rather than a null test: the emulator stages a None argument as an empty buffer.
 // dequantize_4bit_weight: W (flat, n values) rounded to T, for the many-rows path (the op multiplies it
 //   with torch). 8 values per thread, one 16-byte store (fp16/bf16) or two (fp32).
 // expand_nested_absmax: double-quantized block scales back to fp32, code8[q[j]] * absmax2[j / 256] +
@@ -28,8 +27,8 @@ constexpr int kDequantPerThread = 8;
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_4bit(const T* __restrict__ A, const unsigned char* __restrict__ B, const float* __restrict__ absmax,
-              const float* __restrict__ code, const T* __restrict__ bias, int has_bias, T* __restrict__ out,
-              long long M, long long N, long long K, int blocksize) {
+              const float* __restrict__ code, const T* __restrict__ bias, T* __restrict__ out, long long M, long long N,
+              long long K, int blocksize) {
   using namespace bnb_matmul_4bit;
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code[threadIdx.x];
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int r = 1; r < kGemvMaxRows; ++r)
       if (lane == r) v = acc[r];
-    if (has_bias) v += to_float(bias[n]);
+    if (bias != nullptr) v += to_float(bias[n]);
     out[(m0 + lane) * N + n] = from_float<T>(v);
   }
 }

@@ -1,30 +1,16 @@
-// Helpers of the 4-bit matmul kernels (matmul_4bit.cu): element conversions and vector loads/stores.
+// Helpers of the 4-bit matmul kernels (matmul_4bit.cu): 16-byte vector loads/stores and the nibble rule.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "common.cuh"
+
 namespace bnb_matmul_4bit {
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
+using bnb::from_float;
+using bnb::to_float;
 
 // Loads N consecutive elements of T (16-byte aligned, N * sizeof(T) a multiple of 16) as floats, with
 // 16-byte loads through the read-only cache.

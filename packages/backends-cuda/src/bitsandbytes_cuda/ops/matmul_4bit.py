@@ -19,19 +19,16 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
 
 from ..launch import launch
+from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_MAX_ROWS, GEMV_WARPS
+from ._common import suffix
 
 __all__ = ["OPS", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
 
 # Rows of A up to which the fused gemv kernel runs; above it, dequantize + torch GEMM.
 FUSED_MAX_ROWS = 8
-# Launch geometry; the first two must match kGemvWarps / kGemvMaxRows in matmul_4bit.cu.
-GEMV_WARPS = 4
-GEMV_MAX_ROWS = 8
 DEQUANT_THREADS = 256
-DEQUANT_PER_THREAD = 8
 NESTED_THREADS = 256
 
-_DT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
@@ -55,7 +52,7 @@ def _aligned(*ts: torch.Tensor) -> bool:
 def _gemv_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out) -> None:
     vec = K % 32 == 0 and _aligned(A, Bb)
     launch(
-        f"gemv_4bit_{_DT[A.dtype]}_{'vec' if vec else 'any'}",
+        f"gemv_4bit_{suffix(A.dtype)}_{'vec' if vec else 'any'}",
         (-(-N // GEMV_WARPS), -(-M // GEMV_MAX_ROWS)),
         GEMV_WARPS * 32,
         0,
@@ -64,7 +61,6 @@ def _gemv_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out) -> None:
         absmax,
         code,
         bias,
-        int(bias is not None),
         out,
         M,
         N,
@@ -79,7 +75,7 @@ def dequantize_weight(Bb, N, K, absmax, code, blocksize, dtype) -> torch.Tensor:
     n = N * K
     if n:
         grid = -(-n // (DEQUANT_THREADS * DEQUANT_PER_THREAD))
-        launch(f"dequantize_4bit_weight_{_DT[dtype]}", grid, DEQUANT_THREADS, 0, Bb, absmax, code, W, n, blocksize)
+        launch(f"dequantize_4bit_weight_{suffix(dtype)}", grid, DEQUANT_THREADS, 0, Bb, absmax, code, W, n, blocksize)
     return W
 
 

@@ -10,6 +10,12 @@ from __future__ import annotations
 from . import Kernel
 
 SOURCE = "matmul_4bit.cu"
+# Launch geometry the kernels assume (kGemvWarps, kGemvMaxRows, kDequantPerThread in the source; a test
+# checks they agree): output features per gemv block (one per warp), rows of A per gemv block (gridDim.y
+# tiles the rest), weights per thread of the dequantization.
+GEMV_WARPS = 4
+GEMV_MAX_ROWS = 8
+DEQUANT_PER_THREAD = 8
 # Short name -> CUDA element type, for A, bias, out and the dequantized weight.
 DTYPES = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16"}
 
@@ -24,8 +30,7 @@ def _gemv(dt: str, ctype: str, vec: bool) -> Kernel:
             "const unsigned char*",  # B, packed codes
             "const float*",  # absmax, one per block
             "const float*",  # code, the 16-entry table
-            f"const {ctype}*",  # bias [N] (read only if has_bias)
-            "int",  # has_bias
+            f"const {ctype}*",  # bias [N], or null
             f"{ctype}*",  # out [M, N]
             "long long",  # M
             "long long",  # N
