@@ -19,25 +19,21 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from bitsandbytes import _formats
-from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import matmul_4bit as ops
 from bitsandbytes_cuda.ops._common import suffix
 from bitsandbytes_cuda.tables import matmul_4bit as table
+
+from bitsandbytes import _formats
+from bitsandbytes._reference import REFERENCE
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 QUANT_TYPES = ["nf4", "fp4"]
 
 
 @pytest.fixture(autouse=True)
-def emulated(monkeypatch):
-    reason = emu.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    old = launch.use_emulator(True)
+def launches(emulated, monkeypatch):
+    """Every test runs in the emulator; this lists the kernels the op launched, in order."""
     names: list[str] = []
     real = ops.launch
 
@@ -46,8 +42,7 @@ def emulated(monkeypatch):
         return real(name, *args)
 
     monkeypatch.setattr(ops, "launch", recording)
-    yield names
-    launch.use_emulator(old)
+    return names
 
 
 def tolerance(A: torch.Tensor, W: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -99,25 +94,25 @@ GEMV_CASES = [
 @pytest.mark.parametrize(("a_shape", "N", "blocksize", "path"), GEMV_CASES, ids=str)
 @pytest.mark.parametrize("quant_type", QUANT_TYPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemv_4bit(emulated, dtype, quant_type, a_shape, N, blocksize, path):
+def test_gemv_4bit(launches, dtype, quant_type, a_shape, N, blocksize, path):
     K = a_shape[-1]
     packed, absmax, W64 = quantized(N, K, blocksize, quant_type, seed=N * K + blocksize)
     A = rand(a_shape, dtype, seed=K)
     args = (A, packed, [N, K], absmax, code_of(quant_type), blocksize)
     out = ops.gemv_4bit(*args)
     kernel = {"vec": "gemv_4bit_{}_vec", "any": "gemv_4bit_{}_any", "gemm": "dequantize_4bit_weight_{}"}[path]
-    assert emulated == [kernel.format(suffix(dtype))]
+    assert launches == [kernel.format(suffix(dtype))]
     assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemv_misaligned_a_takes_any_path(emulated, dtype):
+def test_gemv_misaligned_a_takes_any_path(launches, dtype):
     N, K = 6, 128
     packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
     A = rand((2 * K + 1,), dtype, seed=2)[1:].view(2, K)  # contiguous, not 16-byte aligned
     out = ops.gemv_4bit(A, packed, [N, K], absmax, code_of("nf4"), 64)
-    assert emulated == [f"gemv_4bit_{suffix(dtype)}_any"]
+    assert launches == [f"gemv_4bit_{suffix(dtype)}_any"]
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
 
@@ -181,7 +176,7 @@ def test_dequantized_weight_bit_exact(dtype, quant_type, N, K, blocksize):
     assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], dtype))
 
 
-def test_empty_dimensions(emulated):
+def test_empty_dimensions(launches):
     packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=10)
     code = code_of("nf4")
     assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code, 32).shape == (0, 4)
@@ -190,7 +185,7 @@ def test_empty_dimensions(emulated):
     bias = torch.randn(3)
     out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", bias)
     assert torch.equal(out, bias.expand(2, 3))
-    assert emulated == []
+    assert launches == []
 
 
 def test_errors_are_the_references():
@@ -215,7 +210,7 @@ def test_nvcc_compiles_every_table_entry(tmp_path):
     """Every kernel of the table instantiates under nvcc for sm_80, without register spills."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        pytest.skip("needs nvcc (the CUDA toolkit)")
+        pytest.skip("needs the CUDA compiler nvcc")
     import bitsandbytes
 
     csrc = launch.kernel_dir()
