@@ -4,10 +4,10 @@ Bit-exact where the bytes are defined: the dequantized weight of the many-rows p
 ``table[code] * absmax`` rounded once to the dtype) and the double-quantized block scales. The products
 themselves within the conformance suite's stated tolerance (``bitsandbytes.testing.conformance.
 test_fourbit``): fp32 accumulation in another order, and the fused kernel multiplies by the fp32 weight
-rather than the weight rounded to A's dtype. Shapes are chosen to reach every kernel path: the 16-byte
-vector path (K % 32 == 0) with more than one step per lane, the any-alignment path (odd K, rows starting
-mid-byte, a misaligned A), blocks spanning rows, N not a multiple of the warps per block, the row tiling
-and the dequantize + GEMM path above FUSED_MAX_ROWS.
+rather than the weight rounded to A's dtype. Shapes are chosen to reach every kernel path: the vector
+path (K % 8 == 0) with one and two steps per thread, the any-alignment path (odd K, rows starting
+mid-byte, K % 8 != 0, a misaligned A), scale blocks spanning rows or ending mid-row, N not a multiple of
+the features per block, and the dequantize + GEMM path above FUSED_MAX_ROWS.
 """
 
 from __future__ import annotations
@@ -79,13 +79,14 @@ def rand(shape, dtype, seed):
 
 # (A's shape, N, blocksize, the kernel expected: vec / any / gemm)
 GEMV_CASES = [
-    ((1, 64), 7, 64, "vec"),
-    ((1, 1088), 5, 64, "vec"),  # two steps for lanes 0-1, one for the rest
+    ((1, 64), 7, 64, "vec"),  # N % 4 != 0: a block with fewer features
+    ((1, 1088), 5, 64, "vec"),  # 136 chunks of 8: threads 0-7 take two steps
     ((3, 96), 9, 32, "vec"),
-    ((8, 160), 6, 4096, "vec"),  # one block spans all rows
+    ((8, 160), 6, 4096, "vec"),  # one block of scales spans every row
+    ((5, 200), 3, 128, "vec"),  # K % 32 != 0: blocks of scales end mid-row
     ((2, 1, 33), 5, 64, "any"),  # odd K: every other row starts on a low nibble
     ((37,), 3, 32, "any"),
-    ((5, 200), 3, 128, "any"),  # K % 32 != 0, blocks end mid-row
+    ((4, 204), 6, 128, "any"),  # even K, K % 8 != 0
     ((9, 64), 4, 64, "gemm"),
     ((3, 4, 72), 5, 32, "gemm"),
 ]
@@ -106,11 +107,16 @@ def test_gemv_4bit(launches, dtype, quant_type, a_shape, N, blocksize, path):
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
 
+@pytest.mark.parametrize("which", ["A", "B"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemv_misaligned_a_takes_any_path(launches, dtype):
+def test_gemv_misaligned_view_takes_any_path(launches, dtype, which):
     N, K = 6, 128
     packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
-    A = rand((2 * K + 1,), dtype, seed=2)[1:].view(2, K)  # contiguous, not 16-byte aligned
+    A = rand((2, K), dtype, seed=2)
+    if which == "A":
+        A = torch.cat([A.new_zeros(1), A.reshape(-1)])[1:].view(2, K)  # contiguous, not 16-byte aligned
+    else:
+        packed = torch.cat([packed.new_zeros(1, 1), packed])[1:]  # contiguous, starts at an odd address
     out = ops.gemv_4bit(A, packed, [N, K], absmax, code_of("nf4"), 64)
     assert launches == [f"gemv_4bit_{suffix(dtype)}_any"]
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
@@ -202,6 +208,8 @@ def test_errors_are_the_references():
 def test_geometry_constants_match_the_kernel_source():
     src = (launch.kernel_dir() / "kernels" / table.SOURCE).read_text()
     assert re.search(rf"kGemvWarps = {table.GEMV_WARPS};", src)
+    assert re.search(rf"kGemvFeatures = {table.GEMV_FEATURES};", src)
+    assert re.search(rf"kGemvChunk = {table.GEMV_CHUNK};", src)
     assert re.search(rf"kGemvMaxRows = {table.GEMV_MAX_ROWS};", src)
     assert re.search(rf"kDequantPerThread = {table.DEQUANT_PER_THREAD};", src)
 

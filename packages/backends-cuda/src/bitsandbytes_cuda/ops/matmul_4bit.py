@@ -1,12 +1,13 @@
 """gemv_4bit / gemm_4bit for device cuda, on the standard packed 4-bit layout (no repacking).
 
-Few rows of A (decoding, up to FUSED_MAX_ROWS): one fused kernel, one warp per output feature streaming
-its weight row once, fp32 accumulation, a warp reduction. More rows: the weight is dequantized to A's
-dtype by a kernel (exactly the reference's rounded weight) and multiplied by torch's GEMM (cuBLAS:
-tensor cores, fp32 accumulation), which a hand-written dequantizing GEMM would have to beat on every
-arch; at many rows the GEMM's compute dominates and the extra pass over the weight is amortised. The
-crossover is not measured yet (no GPU here); FUSED_MAX_ROWS is the issue's "batch 1..~8".
-Double-quantized block scales are expanded to fp32 first by a small kernel (one value per block).
+Few rows of A (decoding, up to FUSED_MAX_ROWS): one fused kernel; a block computes GEMV_FEATURES output
+features for all rows, its threads splitting K, so the weight is streamed once and every value of A it
+loads serves all of the block's features; fp32 accumulation, warp then block reductions. More rows: the
+weight is dequantized to A's dtype by a kernel (exactly the reference's rounded weight) and multiplied
+by torch's GEMM (cuBLAS: tensor cores, fp32 accumulation), which a hand-written dequantizing GEMM would
+have to beat on every arch; at many rows the GEMM's compute dominates and the extra pass over the
+weight is amortised. The crossover is not measured yet (no GPU here); FUSED_MAX_ROWS is the issue's
+"batch 1..~8". Double-quantized block scales are expanded to fp32 first by a small kernel.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
 
 from ..launch import launch
-from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_MAX_ROWS, GEMV_WARPS
+from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_CHUNK, GEMV_FEATURES, GEMV_MAX_ROWS, GEMV_WARPS
 from ._common import suffix
 
 __all__ = ["OPS", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
@@ -45,15 +46,12 @@ def _bytes(B: torch.Tensor) -> torch.Tensor:
     return B.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _aligned(*ts: torch.Tensor) -> bool:
-    return all(t.data_ptr() % 16 == 0 for t in ts)
-
-
 def _gemv_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out) -> None:
-    vec = K % 32 == 0 and _aligned(A, Bb)
+    # vec: 16-byte loads of A and 4-byte loads of B (8 weights) at every chunk of every row.
+    vec = K % GEMV_CHUNK == 0 and A.data_ptr() % 16 == 0 and Bb.data_ptr() % 4 == 0
     launch(
         f"gemv_4bit_{suffix(A.dtype)}_{'vec' if vec else 'any'}",
-        (-(-N // GEMV_WARPS), -(-M // GEMV_MAX_ROWS)),
+        (-(-N // GEMV_FEATURES), -(-M // GEMV_MAX_ROWS)),
         GEMV_WARPS * 32,
         0,
         A,

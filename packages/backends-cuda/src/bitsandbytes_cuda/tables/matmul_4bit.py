@@ -1,7 +1,7 @@
 """Kernel table of ``csrc/kernels/matmul_4bit.cu``: the 4-bit gemv, weight dequantization, nested absmax.
 
-Names: ``gemv_4bit_<dtype>_<vec|any>`` (``vec``: K % 32 == 0 and 16-byte aligned A and B, one 16-byte
-load per 32 weights; ``any``: every shape and alignment), ``dequantize_4bit_weight_<dtype>``,
+Names: ``gemv_4bit_<dtype>_<vec|any>`` (``vec``: K % 8 == 0, A 16-byte and B 4-byte aligned, one 4-byte
+load per 8 weights; ``any``: every shape and alignment), ``dequantize_4bit_weight_<dtype>``,
 ``expand_nested_absmax``.
 """
 
@@ -10,11 +10,14 @@ from __future__ import annotations
 from . import Kernel
 
 SOURCE = "matmul_4bit.cu"
-# Launch geometry the kernels assume (kGemvWarps, kGemvMaxRows, kDequantPerThread in the source; a test
-# checks they agree): output features per gemv block (one per warp), rows of A per gemv block (gridDim.y
-# tiles the rest), weights per thread of the dequantization.
+# Launch geometry the kernels assume (kGemvWarps, kGemvFeatures, kGemvMaxRows, kGemvChunk,
+# kDequantPerThread in the source; a test checks they agree): warps per gemv block, output features per
+# gemv block (gridDim.x), rows of A per gemv block (gridDim.y), weights per load on the vec path,
+# weights per thread of the dequantization.
 GEMV_WARPS = 4
+GEMV_FEATURES = 4
 GEMV_MAX_ROWS = 8
+GEMV_CHUNK = 8
 DEQUANT_PER_THREAD = 8
 # Short name -> CUDA element type, for A, bias, out and the dequantized weight.
 DTYPES = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16"}
