@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
+from compat import checkpoints
 
 import bitsandbytes
 import bitsandbytes.functional as F
@@ -163,6 +164,47 @@ def make_maps(tensors: dict) -> None:
     tensors["fp8_e4m4_unsigned"] = F.create_fp8_map(signed=False, exponent_bits=4, precision_bits=4)
 
 
+# What each file holds; "files" lists each file's cases with their parameters.
+ABOUT = {
+    "fourbit.pt": "quantize_4bit: per case (name/...) input A, packed bytes, absmax, nested statistics, "
+    "dequantized output and QuantState.as_dict(packed=True) entries (name/qs/...)",
+    "blockwise8.pt": "quantize_blockwise with the dynamic map: per case input A, codes, absmax, code map, dequantized",
+    "int8.pt": "int8_vectorwise_quant/dequant per case; 'mm/...': int8_linear_matmul, int8_mm_dequant, int8_scaled_mm",
+    "maps.pt": "code maps: dynamic, NF4, FP4, linear, FP8",
+    "modules.pt": "per case: upstream module state_dict, input x, upstream outputs y_train (training mode) "
+    "and, for Linear8bitLt, y_eval (evaluation mode), and for Linear4bit the dequantized weight",
+    "optimizers.pt": "per case: optimizer state_dict after 3 steps, params and grads for a 4th step, "
+    "params_next and state_dict_next after it",
+}
+
+
+def make_checkpoints(outdir: Path, meta: dict) -> None:
+    """Module and optimizer state dicts with inputs and upstream's results (see compat/checkpoints.py)."""
+    recorded = checkpoints.record(bitsandbytes)
+    torch.save(recorded["modules"], outdir / "modules.pt")
+    torch.save(recorded["optimizers"], outdir / "optimizers.pt")
+    fields = ("quant_type", "compress_statistics", "quant_storage", "weight_dtype", "compute_dtype", "bias")
+    sizes = dict(in_features=checkpoints.IN_4BIT, out_features=checkpoints.OUT_4BIT, outputs=["y_train"])
+    modules = {
+        n: dict(zip(fields, c, strict=True), module="Linear4bit", **sizes) for n, c in checkpoints.LINEAR4BIT.items()
+    }
+    for n, (threshold, dt) in checkpoints.LINEAR8BIT.items():
+        modules[n] = dict(
+            module="Linear8bitLt",
+            has_fp16_weights=False,
+            threshold=threshold,
+            dtype=dt,
+            in_features=checkpoints.IN_8BIT,
+            out_features=checkpoints.OUT_8BIT,
+            outputs=["y_train", "y_eval"],
+        )
+    meta["files"]["modules.pt"] = modules
+    meta["files"]["optimizers.pt"] = {
+        n: dict(optimizer=cls, kwargs=kw, shapes=[list(s) for s in shapes], steps=checkpoints.OPT_STEPS)
+        for n, (cls, kw, shapes) in checkpoints.OPTIMIZERS.items()
+    }
+
+
 def main(outdir: Path) -> None:
     torch.manual_seed(0)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -176,6 +218,7 @@ def main(outdir: Path) -> None:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "upstream_native_library": type(lib).__name__,
         "files": {},
+        "about": ABOUT,
     }
     for fname, build in (("fourbit", make_fourbit), ("blockwise8", make_blockwise8), ("int8", make_int8)):
         tensors: dict = {}
@@ -187,6 +230,7 @@ def main(outdir: Path) -> None:
     make_maps(maps)
     torch.save(maps, outdir / "maps.pt")
     meta["files"]["maps.pt"] = sorted(maps)
+    make_checkpoints(outdir, meta)
     (outdir / "metadata.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     total = sum(f.stat().st_size for f in outdir.iterdir())
     print(f"wrote {len(meta['files'])} fixture files + metadata.json to {outdir} ({total} bytes)")

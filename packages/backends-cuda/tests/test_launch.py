@@ -245,3 +245,63 @@ def test_use_emulator_returns_the_previous_setting():
     assert launch.emulating()
     assert launch.use_emulator(False) is True
     assert not launch.emulating()
+
+
+def test_checks_admit_parameters_numpy_ints_and_same_width_integers(emulated):
+    import numpy as np
+
+    A = torch.nn.Parameter(torch.tensor([[1, -2], [3, 4]], dtype=torch.int8), requires_grad=False)
+    stats, out = torch.tensor([127.0, 127.0]), torch.zeros(2, 2)
+    launch.launch("int8_vectorwise_dequant", 1, 32, 0, A, stats, out, np.int64(2), 2)  # the full checks convert
+    torch.testing.assert_close(out, A.float())
+    flags = torch.zeros(3, dtype=torch.bool)  # 1-byte integers of either kind for unsigned char*
+    launch.launch("int8_outlier_cols_f32", 1, 32, 0, torch.tensor([[0.0, 5.0, 1.0]]), 2.0, flags, 1, 3)
+    assert flags.tolist() == [False, True, False]
+
+
+class _StubLibrary:
+    """Stands for the loaded library where no GPU is: the probe and version entry points give set answers."""
+
+    def __init__(self, probe: int, runtime: int = 13000, driver: int = 13010):
+        self.probe, self.runtime, self.driver = probe, runtime, driver
+
+    def bnb_cuda_check_device(self):
+        return self.probe
+
+    def bnb_cuda_archs(self):
+        return b"sm_80 compute_80 (PTX)"
+
+    def bnb_cuda_runtime_version(self):
+        return self.runtime
+
+    def bnb_cuda_driver_version(self):
+        return self.driver
+
+    def bnb_cuda_error_string(self, code):
+        return {209: b"no kernel image is available for execution on the device"}.get(code, b"unknown error")
+
+
+def test_device_without_a_usable_image_is_named(fresh_library, monkeypatch):
+    monkeypatch.setattr(launch, "_lib", _StubLibrary(probe=209))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Tesla V100")
+    with pytest.raises(launch.LibraryError, match=r"device 0 \(Tesla V100, sm_70\).*no kernel image.*sm_80 compute_80"):
+        launch.check_device(0)
+    monkeypatch.setattr(launch, "_lib", _StubLibrary(probe=0))
+    launch.check_device(0)  # usable: no error, and not probed again
+    monkeypatch.setattr(launch, "_lib", _StubLibrary(probe=209))
+    launch.check_device(0)
+
+
+@pytest.mark.parametrize(
+    ("runtime", "driver", "ok"), [(13000, 13010, True), (13020, 13000, True), (13000, 12080, False)]
+)
+def test_driver_older_than_the_runtime_is_named(fresh_library, monkeypatch, runtime, driver, ok):
+    monkeypatch.setattr(launch, "_lib", _StubLibrary(probe=35, runtime=runtime, driver=driver))
+    if ok:
+        plugin.check_driver()
+    else:
+        with pytest.raises(launch.LibraryError, match=r"driver supports CUDA 12\.8.*built with CUDA 13\.0"):
+            plugin.check_driver()
+        with pytest.raises(launch.LibraryError, match="update the driver"):
+            launch.check_device(0)  # the probe's "insufficient driver" turns into the same message
