@@ -151,7 +151,11 @@ def test_missing_library_is_a_clear_error(fresh_library, monkeypatch, tmp_path):
 
 def test_backend_is_unavailable_without_gpu_or_library(fresh_library, monkeypatch, tmp_path):
     monkeypatch.setenv("BNB_CUDA_LIBRARY", str(tmp_path / "libnothing.so"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert plugin.backend.is_available() is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.warns(RuntimeWarning, match="bitsandbytes-cuda is not used: .*libnothing.so does not exist"):
+        assert plugin.backend.is_available() is False
     assert plugin.backend.name == "cuda" and plugin.backend.device_types == ("cuda",)
 
 

@@ -8,6 +8,8 @@ Importing this module registers nothing and loads no library.
 
 from __future__ import annotations
 
+import warnings
+
 from bitsandbytes.backends import Backend
 
 __all__ = ["backend", "check_driver"]
@@ -26,7 +28,9 @@ def _is_available() -> bool:
 
     try:
         launch.library()
-    except launch.LibraryError:
+    except launch.LibraryError as e:
+        # A GPU without our library is worth a word: the ops would silently stay on the reference.
+        warnings.warn(f"bitsandbytes-cuda is not used: {e}", RuntimeWarning, stacklevel=2)
         return False
     return True
 
