@@ -1,0 +1,230 @@
+"""The matmul_4bit family (gemv_4bit, gemv_4bit.out, gemm_4bit) run in the CUDA emulator vs the reference.
+
+Bit-exact where the bytes are defined: the dequantized weight of the many-rows path (one fp32 product
+``table[code] * absmax`` rounded once to the dtype) and the double-quantized block scales. The products
+themselves within the conformance suite's stated tolerance (``bitsandbytes.testing.conformance.
+test_fourbit``): fp32 accumulation in another order, and the fused kernel multiplies by the fp32 weight
+rather than the weight rounded to A's dtype. Shapes are chosen to reach every kernel path: the vector
+path (K % 8 == 0) with one and two steps per thread, the any-alignment path (odd K, rows starting
+mid-byte, K % 8 != 0, a misaligned A), scale blocks spanning rows or ending mid-row, N not a multiple of
+the features per block, and the dequantize + GEMM path above FUSED_MAX_ROWS.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from bitsandbytes_cuda import launch
+from bitsandbytes_cuda.ops import matmul_4bit as ops
+from bitsandbytes_cuda.ops._common import suffix
+from bitsandbytes_cuda.tables import matmul_4bit as table
+
+from bitsandbytes import _formats
+from bitsandbytes._reference import REFERENCE
+from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+QUANT_TYPES = ["nf4", "fp4"]
+
+
+@pytest.fixture(autouse=True)
+def launches(emulated, monkeypatch):
+    """Every test runs in the emulator; this lists the kernels the op launched, in order."""
+    names: list[str] = []
+    real = ops.launch
+
+    def recording(name, *args):
+        names.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(ops, "launch", recording)
+    return names
+
+
+def assert_matmul_close(out, ref, A, W):
+    """Within the conformance suite's bound (see its module docstring), element by element."""
+    assert out.dtype == ref.dtype == A.dtype and out.shape == ref.shape
+    diff = (out.cpu().double() - ref.cpu().double()).abs()
+    bound = matmul_tolerance(A.cpu(), W, ref.cpu())
+    bad = diff > bound
+    assert not bad.any(), f"{int(bad.sum())} elements off; worst {diff.max().item()} (bound there {bound[bad][0]})"
+
+
+def quantized(N, K, blocksize, quant_type, seed, storage=torch.uint8):
+    """(packed, absmax, the dequantized [N, K] weight in float64)."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn((N, K), generator=g)
+    packed, absmax = REFERENCE["quantize_4bit"](W, blocksize, quant_type, storage)
+    W64 = REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], torch.float32).double()
+    return packed, absmax, W64
+
+
+def code_of(quant_type):
+    return _formats.code_table(quant_type, "cpu").float()
+
+
+def rand(shape, dtype, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# (A's shape, N, blocksize, the kernel expected: vec / any / gemm)
+GEMV_CASES = [
+    ((1, 64), 7, 64, "vec"),  # N % 4 != 0: a block with fewer features
+    ((1, 1088), 5, 64, "vec"),  # 136 chunks of 8: threads 0-7 take two steps
+    ((3, 96), 9, 32, "vec"),
+    ((8, 160), 6, 4096, "vec"),  # one block of scales spans every row
+    ((5, 200), 3, 128, "vec"),  # K % 32 != 0: blocks of scales end mid-row
+    ((2, 1, 33), 5, 64, "any"),  # odd K: every other row starts on a low nibble
+    ((37,), 3, 32, "any"),
+    ((4, 204), 6, 128, "any"),  # even K, K % 8 != 0
+    ((9, 64), 4, 64, "gemm"),
+    ((3, 4, 72), 5, 32, "gemm"),
+]
+
+
+@pytest.mark.parametrize(("a_shape", "N", "blocksize", "path"), GEMV_CASES, ids=str)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_4bit(launches, dtype, quant_type, a_shape, N, blocksize, path):
+    K = a_shape[-1]
+    packed, absmax, W64 = quantized(N, K, blocksize, quant_type, seed=N * K + blocksize)
+    A = rand(a_shape, dtype, seed=K)
+    args = (A, packed, [N, K], absmax, code_of(quant_type), blocksize)
+    out = ops.gemv_4bit(*args)
+    kernel = {"vec": "gemv_4bit_{}_vec", "any": "gemv_4bit_{}_any", "gemm": "dequantize_4bit_weight_{}"}[path]
+    assert launches == [kernel.format(suffix(dtype))]
+    assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
+    assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
+
+
+@pytest.mark.parametrize("which", ["A", "B"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemv_misaligned_view_takes_any_path(launches, dtype, which):
+    N, K = 6, 128
+    packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
+    A = rand((2, K), dtype, seed=2)
+    if which == "A":
+        A = torch.cat([A.new_zeros(1), A.reshape(-1)])[1:].view(2, K)  # contiguous, not 16-byte aligned
+    else:
+        packed = torch.cat([packed.new_zeros(1, 1), packed])[1:]  # contiguous, starts at an odd address
+    out = ops.gemv_4bit(A, packed, [N, K], absmax, code_of("nf4"), 64)
+    assert launches == [f"gemv_4bit_{suffix(dtype)}_any"]
+    assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
+
+
+@pytest.mark.parametrize("rows", [1, 12])
+@pytest.mark.parametrize("storage", [torch.uint8, torch.float16, torch.float32])
+def test_gemv_out_and_quant_storage(rows, storage):
+    N, K = 10, 64
+    packed, absmax, W64 = quantized(N, K, 32, "fp4", seed=3, storage=storage)
+    A = rand((rows, K), torch.bfloat16, seed=4)
+    args = (A, packed, [N, K], absmax, code_of("fp4"), 32)
+    out = ops.gemv_4bit(*args)
+    assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
+    buf = torch.full((rows, N), float("nan"), dtype=torch.bfloat16)
+    ops.gemv_4bit_out(*args, buf)
+    assert torch.equal(buf, out)
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        ops.gemv_4bit_out(*args, torch.empty((rows, 2 * N), dtype=torch.bfloat16)[:, ::2])
+
+
+@pytest.mark.parametrize("rows", [2, 11])
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gemm_4bit(dtype, bias, nested, rows):
+    N, K, blocksize = 13, 96, 32
+    packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
+    A = rand((rows, K), dtype, seed=6)
+    kwargs = {"bias": rand((N,), dtype, seed=7)} if bias else {}
+    if nested:
+        dyn = torch.linspace(-1, 1, 256)
+        offset = absmax.mean()
+        absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
+        kwargs |= {"absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset.reshape(1)}
+        effective = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+        W64 = REFERENCE["dequantize_4bit"](packed, effective, blocksize, "nf4", [N, K], torch.float32).double()
+        absmax = absmax2
+    args = (A, packed, [N, K], absmax, blocksize, "nf4")
+    out = ops.gemm_4bit(*args, **kwargs)
+    assert_matmul_close(out, REFERENCE["gemm_4bit"](*args, **kwargs), A, W64)
+    truth = A.double() @ W64.T + (kwargs["bias"].double() if bias else 0)
+    assert_matmul_close(out, truth.to(dtype), A, W64)
+
+
+def test_nested_absmax_bit_exact():
+    n = 700  # three blocks of 256 scales, the last partial
+    q = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
+    absmax2 = torch.rand(3) * 3
+    dyn = torch.linspace(-1, 1, 256) ** 3
+    offset = torch.tensor([0.37])
+    got = ops.expand_nested_absmax(q, absmax2, dyn, offset)
+    want = REFERENCE["dequantize_blockwise"](q, absmax2, dyn, 256, torch.float32) + offset.reshape(())
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("N", "K", "blocksize"), [(3, 37, 32), (16, 64, 64), (5, 300, 1024)], ids=str)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_dequantized_weight_bit_exact(dtype, quant_type, N, K, blocksize):
+    packed, absmax, _ = quantized(N, K, blocksize, quant_type, seed=9)
+    W = ops.dequantize_weight(ops._bytes(packed), N, K, absmax, code_of(quant_type), blocksize, dtype)
+    assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], dtype))
+
+
+def test_empty_dimensions(launches):
+    packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=10)
+    code = code_of("nf4")
+    assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code, 32).shape == (0, 4)
+    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4")
+    assert torch.equal(out, torch.zeros(2, 3))
+    bias = torch.randn(3)
+    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", bias)
+    assert torch.equal(out, bias.expand(2, 3))
+    assert launches == []
+
+
+def test_errors_are_the_references():
+    packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=11)
+    A = torch.randn(1, 32)
+    with pytest.raises(ValueError, match="code must have 16 elements"):
+        ops.gemv_4bit(A, packed, [4, 32], absmax, torch.zeros(8), 32)
+    with pytest.raises(ValueError, match="A's last dimension"):
+        ops.gemm_4bit(torch.randn(1, 31), packed, [4, 32], absmax, 32, "nf4")
+    with pytest.raises(TypeError, match="bias"):
+        ops.gemm_4bit(A, packed, [4, 32], absmax, 32, "nf4", bias=torch.zeros(4, dtype=torch.float16))
+
+
+def test_geometry_constants_match_the_kernel_source():
+    src = (launch.kernel_dir() / "kernels" / table.SOURCE).read_text()
+    assert re.search(rf"kGemvWarps = {table.GEMV_WARPS};", src)
+    assert re.search(rf"kGemvFeatures = {table.GEMV_FEATURES};", src)
+    assert re.search(rf"kGemvChunk = {table.GEMV_CHUNK};", src)
+    assert re.search(rf"kGemvMaxRows = {table.GEMV_MAX_ROWS};", src)
+    assert re.search(rf"kDequantPerThread = {table.DEQUANT_PER_THREAD};", src)
+
+
+def test_nvcc_compiles_every_table_entry(tmp_path):
+    """Every kernel of the table instantiates under nvcc for sm_80, without register spills."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs the CUDA compiler nvcc")
+    import bitsandbytes
+
+    csrc = launch.kernel_dir()
+    refs = ",\n".join(f"    reinterpret_cast<const void*>(&{k.expr})" for k in table.KERNELS)
+    unit = tmp_path / "instantiate.cu"
+    unit.write_text(
+        f'#include "kernels/{table.SOURCE}"\n\nconst void* const bnb_kernels[] = {{\n{refs}\n}};\n', encoding="utf-8"
+    )
+    cmd = [nvcc, "-arch=sm_80", "-std=c++17", "-Xptxas", "-v", "-I", str(csrc), "-I", bitsandbytes.get_include()]
+    res = subprocess.run([*cmd, "-c", str(unit), "-o", str(tmp_path / "k.o")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+    assert len(spills) == len(table.KERNELS) and not any(spills), res.stderr
+    assert Path(tmp_path / "k.o").stat().st_size > 0
