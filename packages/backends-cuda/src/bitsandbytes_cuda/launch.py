@@ -230,6 +230,7 @@ _lib = None
 _lib_lock = threading.Lock()
 _fns: dict[str, object] = {}
 _checked_devices: set[int] = set()
+_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
 
 
 def library():
@@ -283,6 +284,10 @@ def check_device(index: int) -> None:
     if index in _checked_devices:
         return
     rc = library().bnb_cuda_check_device()
+    if rc == _INSUFFICIENT_DRIVER:
+        from .plugin import check_driver
+
+        check_driver()  # raises, naming both versions
     if rc:
         import torch
 

@@ -34,6 +34,7 @@ class _Arg(ctypes.Structure):
 
 
 _BUFFER, _INT, _FLOAT, _BYTES = 0, 1, 2, 3
+_EMPTY = ctypes.c_char()  # what an empty tensor's buffer is staged from (nothing is copied)
 
 # Element codes a tensor dtype can be passed as (integers of one width go either way: kernels
 # reinterpret signedness freely).
@@ -139,7 +140,8 @@ class Kernel:
                     raise ValueError(f"{where} must be contiguous")
                 self._check_dtype(where, inner, value)
                 slot.nbytes = value.numel() * value.element_size()
-                slot.ptr = value.data_ptr() if slot.nbytes else None
+                # An empty tensor still gets a (zero-byte, guarded) buffer; only None is a null pointer.
+                slot.ptr = value.data_ptr() if slot.nbytes else ctypes.addressof(_EMPTY)
                 label = f"{pname}" + (f" ({str(value.dtype).removeprefix('torch.')}[{value.numel()}])")
             encoded = label.encode()[:63]
             keep.append(encoded)

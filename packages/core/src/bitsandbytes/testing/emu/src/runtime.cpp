@@ -751,6 +751,7 @@ bool stage_buffers(const char* kernel, const Arg* args, const ArgKind* kinds, si
   (void)kernel;
   for (size_t i = 0; i < n; ++i) {
     if (kinds[i] != ARG_BUFFER) continue;
+    if (!args[i].ptr && args[i].nbytes == 0) continue;  // None: the kernel gets a null pointer
     char name[64];
     if (args[i].name && args[i].name[0])
       std::snprintf(name, sizeof name, "%s", args[i].name);

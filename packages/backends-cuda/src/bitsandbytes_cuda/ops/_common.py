@@ -1,0 +1,25 @@
+"""Helpers shared by the op modules: kernel-name suffixes per dtype and 1-D launch geometry."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SUFFIX", "elementwise_grid", "suffix"]
+
+# torch dtype -> the suffix the tables give a kernel instantiated for it
+SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+# Enough blocks of 256 to fill any current GPU many times over; grid-stride loops cover the rest.
+_MAX_BLOCKS = 65536
+
+
+def suffix(dtype: torch.dtype) -> str:
+    try:
+        return SUFFIX[dtype]
+    except KeyError:
+        raise TypeError(f"no CUDA kernel for dtype {dtype}; expected one of {', '.join(map(str, SUFFIX))}") from None
+
+
+def elementwise_grid(n: int, threads: int = 256) -> int:
+    """Blocks for a grid-stride loop over ``n`` elements (n > 0)."""
+    return max(1, min((n + threads - 1) // threads, _MAX_BLOCKS))

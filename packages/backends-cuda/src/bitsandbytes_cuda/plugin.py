@@ -1,0 +1,80 @@
+"""The ``Backend`` object the core finds through the ``bitsandbytes.backends`` entry point (``cuda``).
+
+``is_available()``: torch sees a CUDA device and the kernel library loads. ``load()`` checks that the
+driver can run the library's runtime and registers every op of ``bitsandbytes_cuda.ops`` for ``cuda``;
+whether a device's architecture is covered is checked at its first launch (``launch.check_device``).
+Importing this module registers nothing and loads no library.
+"""
+
+from __future__ import annotations
+
+from bitsandbytes.backends import Backend
+
+__all__ = ["backend", "check_driver"]
+
+
+def _version(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}" if v > 0 else "none"
+
+
+def _is_available() -> bool:
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    from . import launch
+
+    try:
+        launch.library()
+    except launch.LibraryError:
+        return False
+    return True
+
+
+def check_driver() -> None:
+    """Raise LibraryError when the driver is older than the CUDA runtime the library was built with.
+
+    The runtime is linked statically; CUDA's minor-version compatibility lets any driver of the same
+    major version (or newer) run it, so only the major version is compared.
+    """
+    from . import launch
+
+    lib = launch.library()
+    runtime, driver = lib.bnb_cuda_runtime_version(), lib.bnb_cuda_driver_version()
+    if driver < 1000 * (runtime // 1000):
+        raise launch.LibraryError(
+            f"the NVIDIA driver supports CUDA {_version(driver)}, but bitsandbytes-cuda was built with CUDA "
+            f"{_version(runtime)}, which needs a driver for CUDA {runtime // 1000}.x or newer: update the driver"
+        )
+
+
+def _load() -> None:
+    from . import ops
+
+    check_driver()
+    ops.register_all("cuda")
+
+
+def _diagnostics() -> dict:
+    import torch
+
+    from . import launch, ops
+
+    lib = launch.library()
+    devices = []
+    for i in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(i)
+        devices.append(f"{i}: {torch.cuda.get_device_name(i)} (sm_{major}{minor})")
+    return {
+        "library": str(launch.library_path()),
+        "archs in the library": lib.bnb_cuda_archs().decode(),
+        "CUDA runtime (static)": _version(lib.bnb_cuda_runtime_version()),
+        "CUDA driver": _version(lib.bnb_cuda_driver_version()),
+        "torch CUDA": torch.version.cuda,
+        "devices": "; ".join(devices) or "none",
+        "kernels": len(launch.tables.all_kernels()),
+        "ops": ", ".join(sorted(ops.all_ops())),
+    }
+
+
+backend = Backend("cuda", ["cuda"], api_version="1.0", load=_load, is_available=_is_available, diagnostics=_diagnostics)

@@ -1,0 +1,1 @@
+"""Test helpers of bitsandbytes-cuda (``emulated``: the pytest plugin running the ops on emulated kernels)."""

@@ -1,0 +1,30 @@
+"""pytest plugin: device ``cpu`` runs this package's ops on its CUDA kernels in the emulator.
+
+    BNB_BACKENDS=none python -m bitsandbytes.testing --device cpu -p bitsandbytes_cuda.testing.emulated
+
+Every op of ``bitsandbytes_cuda.ops`` is registered for ``cpu`` with ``launch`` in emulator mode, so the
+conformance cases of ``--device cpu`` run the real kernel sources ("emulated cuda"). Ops without a CUDA
+implementation keep whatever ``cpu`` kernel they had: the reference under ``BNB_BACKENDS=none``.
+"""
+
+from __future__ import annotations
+
+from bitsandbytes.testing import emu
+
+from .. import launch, ops
+
+__all__ = ["REGISTERED_OPS"]
+
+REGISTERED_OPS: list[str] = []
+
+
+def pytest_configure(config) -> None:
+    reason = emu.unavailable_reason()
+    if reason:
+        raise RuntimeError(f"bitsandbytes_cuda.testing.emulated needs the kernel emulator: {reason}")
+    launch.use_emulator(True)
+    REGISTERED_OPS[:] = sorted(ops.register_all("cpu"))
+
+
+def pytest_report_header(config) -> str:
+    return f"emulated cuda: {len(REGISTERED_OPS)} ops on emulated CUDA kernels ({', '.join(REGISTERED_OPS)})"

@@ -1,0 +1,235 @@
+"""The launch path: kernel tables, ctypes argument types, the generated launchers (compiled with nvcc into
+the library, then loaded), launch geometry and argument checks on both paths."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from bitsandbytes_cuda import _generate, launch, ops, plugin, tables
+from bitsandbytes_cuda.tables import Kernel
+
+import bitsandbytes
+from bitsandbytes import _ops
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="needs the CUDA compiler nvcc")
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+def test_every_table_entry_names_an_existing_source():
+    kernels = tables.all_kernels()
+    assert kernels, "no kernel tables were collected"
+    for k in kernels.values():
+        assert (CSRC / "kernels" / k.source).is_file(), k
+        assert tables.get(k.name) is k
+
+
+def test_every_op_module_implements_declared_ops():
+    for op in ops.all_ops():
+        assert op in _ops.OPS, op
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"name": "a-b"}, ValueError, "C identifier"),
+        ({"source": "x.cpp"}, ValueError, "source"),
+        ({"expr": " "}, ValueError, "expr"),
+        ({"params": ("float*", "quad")}, ValueError, "parameter 1 'quad'"),
+        ({"params": ("fancy*",)}, ValueError, "unknown type 'fancy'"),
+        ({"params": (3,)}, TypeError, "params"),
+    ],
+)
+def test_kernel_entries_are_validated(kwargs, error, match):
+    fields = {"name": "k", "source": "k.cu", "expr": "k<float>", "params": ("const float*", "int")} | kwargs
+    with pytest.raises(error, match=match):
+        Kernel(**fields)
+
+
+def test_unknown_kernel_name_suggests_the_close_ones():
+    with pytest.raises(KeyError, match="did you mean int8_row_quant_f32"):
+        tables.get("int8_row_quant_f23")
+
+
+def test_argtypes_follow_the_table():
+    k = Kernel("k", "k.cu", "k", ("const float*", "__half*", "long long", "int", "unsigned int", "float", "bool"))
+    types = launch.argtypes(k)
+    assert types[:8] == [ctypes.c_uint] * 7 + [ctypes.c_void_p]
+    assert types[8:] == [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_uint32, ctypes.c_float,
+        ctypes.c_bool,
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- generator
+
+
+def test_generator_writes_one_launcher_per_kernel(tmp_path):
+    paths = _generate.generate(CSRC, tmp_path)
+    assert sorted(p.name for p in paths) == sorted(
+        f"launchers_{p.stem}.gen.cu" for p in (CSRC / "kernels").glob("*.cu")
+    )
+    text = (tmp_path / "launchers_int8.gen.cu").read_text()
+    for k in tables.by_source()["int8.cu"]:
+        assert f"int {k.symbol}(" in text and f"&{k.expr};" in text
+    mtime = paths[0].stat().st_mtime_ns
+    _generate.generate(CSRC, tmp_path)
+    assert paths[0].stat().st_mtime_ns == mtime  # unchanged output is not rewritten (no rebuilds)
+
+
+def test_generator_rejects_a_table_naming_a_missing_source(tmp_path, monkeypatch):
+    (tmp_path / "csrc" / "kernels").mkdir(parents=True)
+    with pytest.raises(SystemExit, match=r"int8\.cu"):
+        _generate.generate(tmp_path / "csrc", tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def built_library(tmp_path_factory):
+    """The library as CMake builds it (generated launchers + library.cu, static cudart), for one arch."""
+    if NVCC is None:
+        pytest.skip("needs the CUDA compiler nvcc")
+    out = tmp_path_factory.mktemp("lib")
+    sources = [str(p) for p in _generate.generate(CSRC, out / "gen")] + [str(CSRC / "library.cu")]
+    lib = out / "libbnb_cuda.so"
+    cmd = [
+        NVCC, "-arch=sm_80", "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra", "--Werror=all-warnings",
+        "-cudart=static", "-I", str(CSRC), "-I", bitsandbytes.get_include(),
+        '-DBNB_CUDA_ARCHS_STRING="sm_80 compute_80 (PTX)"', *sources, "-o", str(lib),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return lib
+
+
+@pytest.fixture
+def fresh_library(monkeypatch):
+    """launch's library state reset, restored afterwards."""
+    monkeypatch.setattr(launch, "_lib", None)
+    monkeypatch.setattr(launch, "_fns", {})
+    monkeypatch.setattr(launch, "_checked_devices", set())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the test builds the Linux library")
+def test_generated_launchers_compile_and_load(built_library, fresh_library, monkeypatch):
+    monkeypatch.setenv("BNB_CUDA_LIBRARY", str(built_library))
+    lib = launch.library()
+    assert lib.bnb_cuda_archs() == b"sm_80 compute_80 (PTX)"
+    assert lib.bnb_cuda_runtime_version() >= 11000
+    for k in tables.all_kernels().values():
+        assert launch._function(k).argtypes == launch.argtypes(k)
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(built_library)], capture_output=True, text=True)
+    exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
+    assert exported == {k.symbol for k in tables.all_kernels().values()} | {
+        "bnb_cuda_error_string", "bnb_cuda_runtime_version", "bnb_cuda_driver_version", "bnb_cuda_archs",
+        "bnb_cuda_check_device",
+    }  # fmt: skip
+    assert launch.error_string(35) == "CUDA driver version is insufficient for CUDA runtime version"
+    if not torch.cuda.is_available():
+        # No usable device: the probe reports it instead of crashing.
+        assert lib.bnb_cuda_check_device() != 0
+
+
+def test_missing_library_is_a_clear_error(fresh_library, monkeypatch, tmp_path):
+    monkeypatch.setenv("BNB_CUDA_LIBRARY", str(tmp_path / "libnothing.so"))
+    with pytest.raises(launch.LibraryError, match="does not exist"):
+        launch.library()
+    (tmp_path / "libbroken.so").write_text("not a library")
+    monkeypatch.setenv("BNB_CUDA_LIBRARY", str(tmp_path / "libbroken.so"))
+    with pytest.raises(launch.LibraryError, match="cannot be loaded"):
+        launch.library()
+
+
+def test_backend_is_unavailable_without_gpu_or_library(fresh_library, monkeypatch, tmp_path):
+    monkeypatch.setenv("BNB_CUDA_LIBRARY", str(tmp_path / "libnothing.so"))
+    assert plugin.backend.is_available() is False
+    assert plugin.backend.name == "cuda" and plugin.backend.device_types == ("cuda",)
+
+
+# ---------------------------------------------------------------------------------------------- launch
+
+
+@pytest.mark.parametrize(
+    ("grid", "block", "shmem", "error", "match"),
+    [
+        (0, 32, 0, ValueError, r"grid\.x must be in 1\.\."),
+        ((1, 70000), 32, 0, ValueError, r"grid\.y"),
+        (1, (32, 32, 2), 0, ValueError, "2048 threads"),
+        (1, (1, 1, 1, 1), 0, TypeError, "block must be an int or a tuple"),
+        (1.0, 32, 0, TypeError, "grid must be"),
+        (1, 32, -1, ValueError, "shmem"),
+        (1, 32, 0.5, TypeError, "shmem"),
+    ],
+)
+def test_geometry_errors(emulated, grid, block, shmem, error, match):
+    A, stats, out = torch.zeros(4, dtype=torch.int8), torch.ones(1), torch.zeros(4)
+    with pytest.raises(error, match=match):
+        launch.launch("int8_vectorwise_dequant", grid, block, shmem, A, stats, out, 4, 4)
+
+
+def _dequant_args(**change):
+    args = {
+        "A": torch.zeros(2, 4, dtype=torch.int8),
+        "stats": torch.ones(2),
+        "out": torch.zeros(2, 4),
+        "n": 8,
+        "cols": 4,
+    }
+    return list((args | change).values())
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (
+            {"stats": torch.ones(2, dtype=torch.float64)},
+            TypeError,
+            r"1 \(const float\*\) needs a torch.float32",
+        ),
+        ({"A": torch.zeros(2, 4, dtype=torch.int16)}, TypeError, "1-byte elements"),
+        ({"A": torch.zeros(2, 4, dtype=torch.float32)}, TypeError, "1-byte elements"),
+        ({"out": torch.zeros(4, 2).t()}, ValueError, "contiguous"),
+        ({"out": torch.zeros(2, 4, device="meta")}, ValueError, "is on meta"),
+        ({"n": 2**63}, ValueError, r"argument 3 \(long long\) must be in"),
+        ({"n": 8.0}, TypeError, "must be an int"),
+        ({"cols": True}, TypeError, "must be an int"),
+        ({"A": [1, 2]}, TypeError, "tensor or None"),
+    ],
+)
+def test_argument_errors(emulated, change, error, match):
+    with pytest.raises(error, match=match):
+        launch.launch("int8_vectorwise_dequant", 1, 32, 0, *_dequant_args(**change))
+
+
+def test_argument_count(emulated):
+    with pytest.raises(TypeError, match="takes 5 kernel arguments"):
+        launch.launch("int8_vectorwise_dequant", 1, 32, 0, *_dequant_args()[:4])
+
+
+def test_emulated_launch_runs_the_kernel(emulated):
+    A = torch.tensor([[1, -2, 127], [0, 5, -127]], dtype=torch.int8)
+    stats = torch.tensor([127.0, 254.0])
+    out = torch.full((2, 3), float("nan"))
+    launch.launch("int8_vectorwise_dequant", 1, (32,), 0, A, stats, out, 6, 3)
+    torch.testing.assert_close(out, A.float() * stats[:, None] / 127, rtol=1e-6, atol=0)
+
+
+def test_real_path_wants_gpu_tensors():
+    assert not launch.emulating()
+    with pytest.raises(ValueError, match="kernels run on the GPU take cuda tensors"):
+        launch.launch("int8_vectorwise_dequant", 1, 32, 0, *_dequant_args())
+
+
+def test_use_emulator_returns_the_previous_setting():
+    assert launch.use_emulator(True) is False
+    assert launch.emulating()
+    assert launch.use_emulator(False) is True
+    assert not launch.emulating()
