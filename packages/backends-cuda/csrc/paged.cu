@@ -4,18 +4,20 @@
 
 #include <cstddef>
 
+#include "launcher.h"
+
 extern "C" {
 
 // A managed allocation of `bytes` (> 0) visible to every device and the host; *out receives it.
-int bnb_cuda_managed_alloc(void** out, size_t bytes) {
+BNB_EXPORT int bnb_cuda_managed_alloc(void** out, size_t bytes) {
   *out = nullptr;
   return static_cast<int>(cudaMallocManaged(out, bytes, cudaMemAttachGlobal));
 }
 
-int bnb_cuda_managed_free(void* ptr) { return static_cast<int>(cudaFree(ptr)); }
+BNB_EXPORT int bnb_cuda_managed_free(void* ptr) { return static_cast<int>(cudaFree(ptr)); }
 
 // Start migrating the pages of [ptr, ptr + bytes) to `device` (-1: the host) in stream order.
-int bnb_cuda_managed_prefetch(const void* ptr, size_t bytes, int device, void* stream) {
+BNB_EXPORT int bnb_cuda_managed_prefetch(const void* ptr, size_t bytes, int device, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
 #if CUDART_VERSION >= 13000
   cudaMemLocation where{};

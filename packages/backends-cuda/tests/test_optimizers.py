@@ -22,16 +22,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import optimizers as ops
 
 import bitsandbytes
 from bitsandbytes import functional
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 
-pytestmark = pytest.mark.skipif(bool(emu.unavailable_reason()), reason=f"emulator: {emu.unavailable_reason()}")
+pytestmark = pytest.mark.usefixtures("emulated")  # conftest.py: launch() runs in the emulator
 
 NAMES = ("adam", "momentum", "rmsprop", "lion", "adagrad", "ademamix", "lamb", "lars")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -39,13 +37,6 @@ HP = {"beta1": 0.9, "beta2": 0.995, "beta3": 0.999, "alpha": 5.0, "eps": 1e-6, "
 REF8 = REFERENCE["optimizer_update_8bit_blockwise"]
 REF32 = REFERENCE["optimizer_update_32bit"]
 CSRC = Path(__file__).parents[1] / "csrc"
-
-
-@pytest.fixture(autouse=True)
-def _emulated():
-    old = launch.use_emulator(True)
-    yield
-    launch.use_emulator(old)
 
 
 def _maps() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -15,15 +15,15 @@ from bitsandbytes import _ops
 
 from ..launch import emulating, launch
 from ..tables.optimizers import THREADS
+from ._common import suffix
 
-__all__ = ["optimizer_update_8bit_blockwise", "optimizer_update_32bit", "register"]
+__all__ = ["OPS", "optimizer_update_8bit_blockwise", "optimizer_update_32bit"]
 
 # Rule numbers of optimizers.cuh (lamb steps like adam, lars like momentum).
 _RULE = {"adam": 0, "lamb": 0, "ademamix": 1, "momentum": 2, "lars": 2, "rmsprop": 3, "adagrad": 4, "lion": 5}
 _ADEMAMIX, _ADAGRAD, _LION = 1, 4, 5
 _ONE_STATE = ("momentum", "lars", "rmsprop", "adagrad", "lion")
 _WEIGHT_DECAY, _SKIP_ZEROS, _FIRST_STEP, _SCALE_BY_UNORM = 1, 2, 4, 8  # kernel flags
-_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _BLOCK = _ops.OPTIMIZER_BLOCKSIZE
 assert _BLOCK == THREADS, "the 8-bit kernel runs one thread per state of a block"
 
@@ -87,7 +87,7 @@ def optimizer_update_32bit(
     two = rule in (0, _ADEMAMIX)
     hyper = _hyper(optimizer_name, 0, n, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale,
                    skip_zeros)  # fmt: skip
-    sfx = _SUFFIX[g.dtype]
+    sfx = suffix(g.dtype)
     s2 = state2 if two else None
     if max_unorm > 0.0:
         if n == 0:
@@ -150,7 +150,7 @@ def optimizer_update_8bit_blockwise(
     q2 = qmap2.contiguous() if two else None
     hyper = _hyper(optimizer_name, 0, n, beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale,
                    skip_zeros)  # fmt: skip
-    launch(f"optimizer_8bit_blockwise_{_SUFFIX[g.dtype]}", _grid(-(n // -_BLOCK), p.device), THREADS, 0, g, p,
+    launch(f"optimizer_8bit_blockwise_{suffix(g.dtype)}", _grid(-(n // -_BLOCK), p.device), THREADS, 0, g, p,
            state1, state2 if two else None, a1, a2, q1, q2, *hyper)  # fmt: skip
     if a1.data_ptr() != absmax1.data_ptr():
         absmax1.copy_(a1.view(absmax1.shape))
@@ -158,9 +158,7 @@ def optimizer_update_8bit_blockwise(
         absmax2.copy_(a2.view(absmax2.shape))
 
 
-def register(device: str = "cuda") -> None:
-    """Register both ops' kernels for ``device`` (``"cpu"`` for the emulated test plugin)."""
-    torch.library.register_kernel("bitsandbytes::optimizer_update_32bit", device)(optimizer_update_32bit)
-    torch.library.register_kernel("bitsandbytes::optimizer_update_8bit_blockwise", device)(
-        optimizer_update_8bit_blockwise
-    )
+OPS = {
+    "optimizer_update_32bit": optimizer_update_32bit,
+    "optimizer_update_8bit_blockwise": optimizer_update_8bit_blockwise,
+}
