@@ -165,10 +165,15 @@ __device__ __forceinline__ void build_map(const float* __restrict__ qmap, Shared
   const float v = qmap[t];
   m.values[t] = v;
   __syncthreads();
-  int rank = 0;  // entries before this one in a stable sort: smaller, or equal with a lower index
-  for (int j = 0; j < 256; ++j) {
-    float u = m.values[j];
-    rank += (u < v) | ((u == v) & (j < t));
+  // Entries before this one in a stable sort: smaller, or equal with a lower index. Maps are normally
+  // sorted already (the dynamic maps are): then the rank is the index, and one vote saves the count.
+  int rank = t;
+  if (!__syncthreads_and(t == 255 || v <= m.values[t + 1])) {
+    rank = 0;
+    for (int j = 0; j < 256; ++j) {
+      float u = m.values[j];
+      rank += (u < v) | ((u == v) & (j < t));
+    }
   }
   sorted[rank] = v;
   m.order[rank] = (unsigned char)t;
