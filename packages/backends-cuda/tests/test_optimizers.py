@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import optimizers as ops
 
 import bitsandbytes
@@ -230,6 +231,36 @@ def test_32bit_identical_to_reference(name, dtype):
         for got, want in zip(st, ref_st, strict=True):
             if want is not None:
                 _same_bits(got, want, f"{name} {dtype} step {step}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["adam", "ademamix", "rmsprop"])
+def test_32bit_vector_and_scalar_paths_agree(name, dtype, monkeypatch):
+    """Aligned buffers take 4-element vector loads, misaligned views the scalar loop: same bits."""
+    flags = []
+
+    def spy(kernel, *args):
+        if kernel.startswith("optimizer_32bit_") and "norm" not in kernel:
+            flags.append(args[9] & ops._VECTOR)
+        launch.launch(kernel, *args)
+
+    monkeypatch.setattr(ops, "launch", spy)
+    n = 3 * OPTIMIZER_BLOCKSIZE + 4  # a multiple of 4: ademamix may vectorize too
+    runs = []
+    for offset in (0, 1):
+        # The same values, at an offset of `offset` elements into their storage.
+        def at(t, offset=offset):
+            return torch.cat([t.new_zeros(offset), t])[offset:] if t is not None else None
+
+        p = at(torch.randn(n, generator=torch.Generator().manual_seed(2)).to(dtype))
+        st = [at(t) for t in _state32(name, n, 3)]
+        for step in (1, 2):
+            _run32(ops.optimizer_update_32bit, name, at(_grad(n, dtype, step)), p, st, step, skip=step == 2)
+        runs.append([p, *st])
+    assert flags == [ops._VECTOR] * 2 + [0] * 2
+    for got, want in zip(runs[1], runs[0], strict=True):
+        if want is not None:
+            _same_bits(got, want, f"{name} {dtype}")
 
 
 @pytest.mark.parametrize("name", NAMES)

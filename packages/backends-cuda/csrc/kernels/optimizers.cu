@@ -99,15 +99,39 @@ __global__ void __launch_bounds__(kBlock)
     // limit / current as torch computes a scalar over a tensor: reciprocal, then a product.
     if (current > limit) scale = mul(div(1.0f, current), limit);
   }
-  for (long long i = blockIdx.x * (long long)kBlock + threadIdx.x; i < n; i += (long long)gridDim.x * kBlock) {
-    float* second = rule == kAdemamix ? state1 + n : state2;
-    float s[3] = {state1[i], 0.0f, 0.0f};
-    if (rule == kAdam || rule == kAdemamix) s[1] = second[i];
-    if (rule == kAdemamix) s[2] = state2[i];
+  float* second = rule == kAdemamix ? state1 + n : state2;
+  const bool two = rule == kAdam || rule == kAdemamix, three = rule == kAdemamix;
+  const long long first = blockIdx.x * (long long)kBlock + threadIdx.x, stride = (long long)gridDim.x * kBlock;
+  long long done = 0;
+  if (flags & kVector) {  // 4 elements per thread and step: a quarter of the load/store instructions
+    const long long quads = n / 4;
+    for (long long q = first; q < quads; q += stride) {
+      const long long i = 4 * q;
+      float gv[4], pv[4], a[4], b[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      load4(g + i, gv);
+      load4(p + i, pv);
+      load4(state1 + i, a);
+      if (two) load4(second + i, b);
+      if (three) load4(state2 + i, c);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float s[3] = {a[k], b[k], c[k]};
+        pv[k] = step_element(h, scale, gv[k], pv[k], s);
+        a[k] = s[0], b[k] = s[1], c[k] = s[2];
+      }
+      store4(p + i, pv);
+      store4(state1 + i, a);
+      if (two) store4(second + i, b);
+      if (three) store4(state2 + i, c);
+    }
+    done = 4 * quads;
+  }
+  for (long long i = done + first; i < n; i += stride) {  // everything, or the tail after the quads
+    float s[3] = {state1[i], two ? second[i] : 0.0f, three ? state2[i] : 0.0f};
     p[i] = Elem<T>::store(step_element(h, scale, Elem<T>::load(g[i]), Elem<T>::load(p[i]), s));
     state1[i] = s[0];
-    if (rule == kAdam || rule == kAdemamix) second[i] = s[1];
-    if (rule == kAdemamix) state2[i] = s[2];
+    if (two) second[i] = s[1];
+    if (three) state2[i] = s[2];
   }
 }
 

@@ -20,7 +20,8 @@ enum Rule : int { kAdam = 0, kAdemamix = 1, kMomentum = 2, kRmsprop = 3, kAdagra
 // Bits of the kernels' `flags` argument.
 // kScaleByUnorm: scale the 32-bit update by max_unorm's trust ratio (a flag rather than a null test of the
 // `unorm` pointer, which the emulator hands over as a non-null empty buffer).
-enum Flag : int { kWeightDecay = 1, kSkipZeros = 2, kFirstStep = 4, kScaleByUnorm = 8 };
+// kVector: every 32-bit buffer allows the 4-element vector loads of load4/store4 (the caller checked).
+enum Flag : int { kWeightDecay = 1, kSkipZeros = 2, kFirstStep = 4, kScaleByUnorm = 8, kVector = 16 };
 
 constexpr int kBlock = BNB_OPTIMIZER_BLOCKSIZE;  // 8-bit state block; also the threads of every launch
 constexpr int kWarps = kBlock / 32;
@@ -49,6 +50,34 @@ struct Elem<__nv_bfloat16> {
   __device__ static float load(__nv_bfloat16 x) { return __bfloat162float(x); }
   __device__ static __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 };
+
+// Four consecutive elements in one load or store (16 bytes of float, 8 of a 16-bit type); the address
+// must be aligned to that size.
+template <class T>
+struct Quad {
+  using V = uint2;
+};
+template <>
+struct Quad<float> {
+  using V = float4;
+};
+
+template <class T>
+__device__ __forceinline__ void load4(const T* ptr, float* out) {
+  const typename Quad<T>::V v = *reinterpret_cast<const typename Quad<T>::V*>(ptr);
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = Elem<T>::load(e[k]);
+}
+
+template <class T>
+__device__ __forceinline__ void store4(T* ptr, const float* in) {
+  typename Quad<T>::V v;
+  T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) e[k] = Elem<T>::store(in[k]);
+  *reinterpret_cast<typename Quad<T>::V*>(ptr) = v;
+}
 
 // The step's scalars, each already rounded to float32 from the reference's double (Python float) value.
 struct Hyper {

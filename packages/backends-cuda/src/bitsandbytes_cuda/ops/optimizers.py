@@ -23,7 +23,7 @@ __all__ = ["OPS", "optimizer_update_8bit_blockwise", "optimizer_update_32bit"]
 _RULE = {"adam": 0, "lamb": 0, "ademamix": 1, "momentum": 2, "lars": 2, "rmsprop": 3, "adagrad": 4, "lion": 5}
 _ADEMAMIX, _ADAGRAD, _LION = 1, 4, 5
 _ONE_STATE = ("momentum", "lars", "rmsprop", "adagrad", "lion")
-_WEIGHT_DECAY, _SKIP_ZEROS, _FIRST_STEP, _SCALE_BY_UNORM = 1, 2, 4, 8  # kernel flags
+_WEIGHT_DECAY, _SKIP_ZEROS, _FIRST_STEP, _SCALE_BY_UNORM, _VECTOR = 1, 2, 4, 8, 16  # kernel flags
 _BLOCK = _ops.OPTIMIZER_BLOCKSIZE
 assert _BLOCK == THREADS, "the 8-bit kernel runs one thread per state of a block"
 
@@ -106,6 +106,10 @@ def optimizer_update_32bit(
         if rule not in (_ADAGRAD, _ADEMAMIX):
             hyper = (hyper[0], hyper[1] | _SCALE_BY_UNORM, *hyper[2:])
     if n:
+        # Vector loads need every buffer aligned to 4 elements (ademamix's m2 starts n floats into state1).
+        quads = [g, p, state1] + ([s2] if two else [])
+        if all(t.data_ptr() % (4 * t.element_size()) == 0 for t in quads) and (rule != _ADEMAMIX or n % 4 == 0):
+            hyper = (hyper[0], hyper[1] | _VECTOR, *hyper[2:])
         limit = max_unorm * param_norm + (eps if optimizer_name in _ONE_STATE else 0.0)
         launch(f"optimizer_32bit_{sfx}", _grid(-(n // -THREADS), p.device), THREADS, 0, g, p, state1, s2,
                unorm_vec if max_unorm > 0.0 else None, *hyper, limit)  # fmt: skip
