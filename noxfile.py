@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,10 @@ CLIENT_TESTS = "packages/core/tests/clients"
 # ISA levels the CPU backend's conformance run covers; "native" is the best this machine has.
 CPU_ISAS = ("native", "avx2", "scalar")
 
+# The one architecture CI builds the CUDA backend for (the full list is in its CMakeLists.txt).
+CUDA_CI_ARCH = os.environ.get("BNB_CUDA_ARCHS", "80")
+CUDA = "./packages/backends-cuda"
+
 
 @nox.session
 def tests(session: nox.Session) -> None:
@@ -56,8 +61,34 @@ def tests(session: nox.Session) -> None:
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
 
+    _tests_cuda_emulated(session, strict)
+
     install(session, *CLIENTS)
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
+
+
+def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
+    """The CUDA backend without a GPU: built with nvcc for one architecture (BNB_CUDA_ARCHS, default 80,
+    keeps CI time modest), its own tests, then the conformance suite on its kernels in the emulator."""
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        session.log("skipping the CUDA backend: nvcc is not on PATH (install the CUDA toolkit to build it)")
+        return
+    install(session, CUDA, env={"BNB_CUDA_ARCHS": CUDA_CI_ARCH})
+    session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=strict)
+    session.log("conformance on the emulated CUDA kernels")
+    emulated = ("-p", "bitsandbytes_cuda.testing.emulated")
+    session.run(
+        "python",
+        "-m",
+        "bitsandbytes.testing",
+        "--device",
+        "cpu",
+        "-q",
+        *emulated,
+        env={**strict, "BNB_BACKENDS": "none"},
+    )
 
 
 @nox.session
@@ -125,3 +156,36 @@ def compat_fixtures(session: nox.Session) -> None:
     install(session, "torch", UPSTREAM)
     out = ROOT / "packages" / "core" / "tests" / "fixtures" / "upstream"
     session.run("python", "ci/make_compat_fixtures.py", str(out), env={"BNB_FIXTURE_UPSTREAM": UPSTREAM})
+
+
+def _gpu_arch(session: nox.Session) -> str:
+    """The visible GPU's architecture (e.g. "90"), so a hardware run compiles for that one only."""
+    code = "import torch; print(*torch.cuda.get_device_capability(), sep='')"
+    return os.environ.get("BNB_CUDA_ARCHS") or session.run("python", "-c", code, silent=True).strip()
+
+
+@nox.session(name="tests-cuda")
+def tests_cuda(session: nox.Session) -> None:
+    """On a machine with an NVIDIA GPU: the CUDA backend built for that GPU, its tests, the conformance
+    suite on device cuda and the nn/optim tests on cuda (packages/backends-cuda/tests/gpu)."""
+    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, CUDA, env={"BNB_CUDA_ARCHS": _gpu_arch(session)})
+    strict = {"BNB_STRICT_BACKENDS": "1"}
+    session.run("python", "-m", "bitsandbytes", env=strict)  # diagnostics: archs, driver, runtime
+    session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=strict)
+    session.run("python", "-m", "bitsandbytes.testing", "--device", "cuda", "-q", *session.posargs, env=strict)
+
+
+@nox.session(name="bench-cuda")
+def bench_cuda(session: nox.Session) -> None:
+    """On a GPU: per op, ours vs upstream bitsandbytes==0.50.2 (CUDA, in a venv of its own) vs dense torch;
+    GB/s and % of the device's peak bandwidth. Writes packages/backends-cuda/bench/results/cuda_bench.md."""
+    install(session, "torch", "-e", CORE)
+    install(session, CUDA, env={"BNB_CUDA_ARCHS": _gpu_arch(session)})
+    upstream = Path(session.virtualenv.location).parent / "bench-cuda-upstream"
+    python = upstream / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    if not python.exists():
+        session.run("python", "-m", "venv", str(upstream))
+    session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
+    bench = "packages/backends-cuda/bench/bench_cuda.py"
+    session.run("python", bench, "--upstream-python", str(python), *session.posargs)

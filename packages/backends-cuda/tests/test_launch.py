@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from bitsandbytes_cuda import _generate, launch, ops, plugin, tables
+from bitsandbytes_cuda.ops._common import rows_cols_geometry
 from bitsandbytes_cuda.tables import Kernel
 
 import bitsandbytes
@@ -175,7 +176,7 @@ def test_backend_is_unavailable_without_gpu_or_library(fresh_library, monkeypatc
 def test_geometry_errors(emulated, grid, block, shmem, error, match):
     A, stats, out = torch.zeros(4, dtype=torch.int8), torch.ones(1), torch.zeros(4)
     with pytest.raises(error, match=match):
-        launch.launch("int8_vectorwise_dequant", grid, block, shmem, A, stats, out, 4, 4)
+        launch.launch("int8_vectorwise_dequant", grid, block, shmem, A, stats, out, 1, 4)
 
 
 def _dequant_args(**change):
@@ -183,7 +184,7 @@ def _dequant_args(**change):
         "A": torch.zeros(2, 4, dtype=torch.int8),
         "stats": torch.ones(2),
         "out": torch.zeros(2, 4),
-        "n": 8,
+        "rows": 2,
         "cols": 4,
     }
     return list((args | change).values())
@@ -201,8 +202,8 @@ def _dequant_args(**change):
         ({"A": torch.zeros(2, 4, dtype=torch.float32)}, TypeError, "1-byte elements"),
         ({"out": torch.zeros(4, 2).t()}, ValueError, "contiguous"),
         ({"out": torch.zeros(2, 4, device="meta")}, ValueError, "is on meta"),
-        ({"n": 2**63}, ValueError, r"argument 3 \(long long\) must be in"),
-        ({"n": 8.0}, TypeError, "must be an int"),
+        ({"rows": 2**63}, ValueError, r"argument 3 \(long long\) must be in"),
+        ({"rows": 2.0}, TypeError, "must be an int"),
         ({"cols": True}, TypeError, "must be an int"),
         ({"A": [1, 2]}, TypeError, "tensor or None"),
     ],
@@ -221,8 +222,19 @@ def test_emulated_launch_runs_the_kernel(emulated):
     A = torch.tensor([[1, -2, 127], [0, 5, -127]], dtype=torch.int8)
     stats = torch.tensor([127.0, 254.0])
     out = torch.full((2, 3), float("nan"))
-    launch.launch("int8_vectorwise_dequant", 1, (32,), 0, A, stats, out, 6, 3)
+    launch.launch("int8_vectorwise_dequant", 1, (32,), 0, A, stats, out, 2, 3)
     torch.testing.assert_close(out, A.float() * stats[:, None] / 127, rtol=1e-6, atol=0)
+
+
+def test_row_striding_covers_rows_beyond_the_grid(emulated):
+    # grid.y is capped at 65535: lanes stride the rows, so a grid smaller than the row count still covers all.
+    A = torch.randint(-127, 128, (10, 40), generator=torch.Generator().manual_seed(0), dtype=torch.int8)
+    stats = torch.rand(10, generator=torch.Generator().manual_seed(1)) * 10
+    out = torch.full((10, 40), float("nan"))
+    launch.launch("int8_vectorwise_dequant", (2, 3), 32, 0, A, stats, out, 10, 40)
+    torch.testing.assert_close(out, A.float() * stats[:, None] * (1 / 127), rtol=1e-6, atol=0)
+    assert rows_cols_geometry(100_000, 40) == ((1, 65535), 64)
+    assert rows_cols_geometry(3, 1000) == ((4, 3), 256)
 
 
 def test_real_path_wants_gpu_tensors():

@@ -25,10 +25,11 @@ __device__ __forceinline__ float quant_scale(float absmax) { return __fmul_rn(__
 // flags[c] = 1 for every column holding a value with |a| >= threshold (flags zeroed by the caller).
 template <typename T>
 __global__ void int8_outlier_cols(const T* __restrict__ A, float threshold, unsigned char* __restrict__ flags,
-                                  long long n, long long cols) {
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if (fabsf(bnb::to_float(A[i])) >= threshold) flags[i % cols] = 1;  // every writer stores the same byte
+                                  long long rows, long long cols) {
+  const long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    if (fabsf(bnb::to_float(A[r * cols + c])) >= threshold) flags[c] = 1;  // every writer stores the same byte
   }
 }
 
@@ -84,25 +85,32 @@ __global__ void __launch_bounds__(32 * ROWS)
   }
 }
 
+// Element-wise kernels below: blocks of 1-D threads cover a tile of columns (grid.x) and stride the
+// rows (grid.y), so no lane divides to find its row and column.
+
 // codes[r, c] from the column scales; outlier values (|a| >= threshold) code to 0.
 template <typename T>
 __global__ void int8_col_quant(const T* __restrict__ A, float threshold, int outliers,
-                               const float* __restrict__ col_stats, signed char* __restrict__ codes, long long n,
+                               const float* __restrict__ col_stats, signed char* __restrict__ codes, long long rows,
                                long long cols) {
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float v = bnb::to_float(A[i]);
+  const long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float scale = int8_detail::quant_scale(col_stats[c]);
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    float v = bnb::to_float(A[r * cols + c]);
     if (outliers && fabsf(v) >= threshold) v = 0.0f;
-    codes[i] = int8_detail::quantize(v, int8_detail::quant_scale(col_stats[i % cols]));
+    codes[r * cols + c] = int8_detail::quantize(v, scale);
   }
 }
 
 // out[r, c] = (A[r, c] * stats[r]) * (1/127).
 __global__ void int8_vectorwise_dequant(const signed char* __restrict__ A, const float* __restrict__ stats,
-                                        float* __restrict__ out, long long n, long long cols) {
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    out[i] = __fmul_rn(__fmul_rn(static_cast<float>(A[i]), stats[i / cols]), BNB_INT8_DEQUANT_SCALE);
+                                        float* __restrict__ out, long long rows, long long cols) {
+  const long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    const long long i = r * cols + c;
+    out[i] = __fmul_rn(__fmul_rn(static_cast<float>(A[i]), stats[r]), BNB_INT8_DEQUANT_SCALE);
   }
 }
 
@@ -111,13 +119,15 @@ __global__ void int8_vectorwise_dequant(const signed char* __restrict__ A, const
 template <typename T>
 __global__ void int8_mm_dequant(const int* __restrict__ A, const float* __restrict__ row_stats,
                                 const float* __restrict__ col_stats, const float* __restrict__ bias,
-                                T* __restrict__ out, long long n, long long cols) {
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const long long c = i % cols;
-    const float scale = __fmul_rn(row_stats[i / cols], col_stats[c]);
-    float v = __fmul_rn(__fmul_rn(static_cast<float>(A[i]), scale), BNB_INT8_MM_DEQUANT_SCALE);
-    if (bias != nullptr) v = __fadd_rn(v, bias[c]);
-    out[i] = bnb::from_float<T>(v);
+                                T* __restrict__ out, long long rows, long long cols) {
+  const long long c = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const float col = col_stats[c];
+  const float b = bias != nullptr ? bias[c] : 0.0f;
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    const long long i = r * cols + c;
+    const float v =
+        __fmul_rn(__fmul_rn(static_cast<float>(A[i]), __fmul_rn(row_stats[r], col)), BNB_INT8_MM_DEQUANT_SCALE);
+    out[i] = bnb::from_float<T>(bias != nullptr ? __fadd_rn(v, b) : v);
   }
 }

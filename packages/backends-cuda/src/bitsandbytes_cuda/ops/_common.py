@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SUFFIX", "elementwise_grid", "suffix"]
+__all__ = ["SUFFIX", "elementwise_grid", "rows_cols_geometry", "suffix"]
 
 # torch dtype -> the suffix the tables give a kernel instantiated for it
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -23,3 +23,10 @@ def suffix(dtype: torch.dtype) -> str:
 def elementwise_grid(n: int, threads: int = 256) -> int:
     """Blocks for a grid-stride loop over ``n`` elements (n > 0)."""
     return max(1, min((n + threads - 1) // threads, _MAX_BLOCKS))
+
+
+def rows_cols_geometry(rows: int, cols: int, threads: int = 256) -> tuple[tuple[int, int], int]:
+    """(grid, block) for the kernels whose lanes own a column and stride the rows (rows, cols > 0):
+    grid.x tiles the columns, grid.y (at most 65535) strides the rows; narrow matrices get small blocks."""
+    block = min(threads, (cols + 31) // 32 * 32)
+    return ((cols + block - 1) // block, min(rows, 65535)), block

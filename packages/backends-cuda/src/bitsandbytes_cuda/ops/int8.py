@@ -21,7 +21,7 @@ from bitsandbytes._reference.int8 import _int8_matmul as _reference_int8_matmul
 
 from ..launch import launch
 from ..tables.int8 import COL_ROWS, ROW_THREADS
-from ._common import elementwise_grid, suffix
+from ._common import rows_cols_geometry, suffix
 
 
 def _rows_cols(A: torch.Tensor) -> tuple[int, int]:
@@ -34,10 +34,11 @@ def _threshold_in(A: torch.Tensor, threshold: float) -> float:
 
 
 def _outlier_flags(A: torch.Tensor, thr: float) -> torch.Tensor:
-    n, cols = A.numel(), A.shape[-1]
+    rows, cols = _rows_cols(A)
     flags = torch.zeros(cols, dtype=torch.uint8, device=A.device)
-    if n:
-        launch(f"int8_outlier_cols_{suffix(A.dtype)}", elementwise_grid(n), 256, 0, A, thr, flags, n, cols)
+    if A.numel():
+        grid, block = rows_cols_geometry(rows, cols)
+        launch(f"int8_outlier_cols_{suffix(A.dtype)}", grid, block, 0, A, thr, flags, rows, cols)
     return flags
 
 
@@ -66,9 +67,10 @@ def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tenso
     check_int8_vectorwise_dequant(A, stats)
     A = A.contiguous()
     out = torch.empty(A.shape, dtype=torch.float32, device=A.device)
-    n, cols = A.numel(), A.shape[-1]
-    if n:
-        launch("int8_vectorwise_dequant", elementwise_grid(n), 256, 0, A, stats.contiguous(), out, n, cols)
+    rows, cols = _rows_cols(A)
+    if A.numel():
+        grid, block = rows_cols_geometry(rows, cols)
+        launch("int8_vectorwise_dequant", grid, block, 0, A, stats.contiguous(), out, rows, cols)
     return out
 
 
@@ -85,8 +87,8 @@ def int8_double_quant(A: torch.Tensor, threshold: float = 0.0):
     if cols:
         launch(f"int8_col_absmax_{sfx}", (cols + 31) // 32, (32, COL_ROWS), 0, A, thr, outliers, col_stats, rows, cols)
     if A.numel():
-        n = A.numel()
-        launch(f"int8_col_quant_{sfx}", elementwise_grid(n), 256, 0, A, thr, outliers, col_stats, col_codes, n, cols)
+        grid, block = rows_cols_geometry(rows, cols)
+        launch(f"int8_col_quant_{sfx}", grid, block, 0, A, thr, outliers, col_stats, col_codes, rows, cols)
     return row_codes, col_codes, row_stats, col_stats, outlier_cols
 
 
@@ -117,12 +119,13 @@ def int8_linear_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) 
 def _mm_dequant(A, row_stats, col_stats, bias, out_dtype) -> torch.Tensor:
     A = A.contiguous()
     out = torch.empty(A.shape, dtype=out_dtype, device=A.device)
-    n, cols = A.numel(), A.shape[-1]
-    if n:
+    rows, cols = _rows_cols(A)
+    if A.numel():
         b = None if bias is None else bias.contiguous().float()
+        grid, block = rows_cols_geometry(rows, cols)
         launch(
-            f"int8_mm_dequant_{suffix(out_dtype)}", elementwise_grid(n), 256, 0,
-            A, row_stats.contiguous(), col_stats.contiguous(), b, out, n, cols,
+            f"int8_mm_dequant_{suffix(out_dtype)}", grid, block, 0,
+            A, row_stats.contiguous(), col_stats.contiguous(), b, out, rows, cols,
         )  # fmt: skip
     return out
 
