@@ -18,8 +18,8 @@ namespace bnb_optim {
 enum Rule : int { kAdam = 0, kAdemamix = 1, kMomentum = 2, kRmsprop = 3, kAdagrad = 4, kLion = 5 };
 
 // Bits of the kernels' `flags` argument.
-// kScaleByUnorm: scale the 32-bit update by max_unorm's trust ratio (a flag rather than a null test of the
-// `unorm` pointer, which the emulator hands over as a non-null empty buffer).
+// kScaleByUnorm: scale the 32-bit update by max_unorm's trust ratio read from `unorm` (adagrad and
+// ademamix compute the norm but never scale, so whether to scale is not whether `unorm` is given).
 // kVector: every 32-bit buffer allows the 4-element vector loads of load4/store4 (the caller checked).
 enum Flag : int { kWeightDecay = 1, kSkipZeros = 2, kFirstStep = 4, kScaleByUnorm = 8, kVector = 16 };
 
