@@ -19,9 +19,9 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "tests"]
 
 
-def install(session: nox.Session, *args: str) -> None:
+def install(session: nox.Session, *args: str, **kwargs) -> None:
     """pip install with the project's constraints (torch pinned to the build on this machine's disk)."""
-    session.install("-c", CONSTRAINTS, *args)
+    session.install("-c", CONSTRAINTS, *args, **kwargs)
 
 
 # The real clients the client tests and the demo run (versions pinned in ci/constraints.txt).
@@ -158,10 +158,20 @@ def compat_fixtures(session: nox.Session) -> None:
     session.run("python", "ci/make_compat_fixtures.py", str(out), env={"BNB_FIXTURE_UPSTREAM": UPSTREAM})
 
 
-def _gpu_arch(session: nox.Session) -> str:
-    """The visible GPU's architecture (e.g. "90"), so a hardware run compiles for that one only."""
+def _install_cuda_for_this_gpu(session: nox.Session) -> None:
+    """bitsandbytes-cuda for the visible GPU: the wheel named by $BNB_CUDA_WHEEL (built elsewhere), else
+    built here with nvcc for this GPU's architecture only (BNB_CUDA_ARCHS overrides)."""
+    import shutil
+
+    wheel = os.environ.get("BNB_CUDA_WHEEL")
+    if wheel:
+        install(session, wheel)
+        return
+    if shutil.which("nvcc") is None:
+        session.error("nvcc is not on PATH: install the CUDA toolkit, or set BNB_CUDA_WHEEL to a built wheel")
     code = "import torch; print(*torch.cuda.get_device_capability(), sep='')"
-    return os.environ.get("BNB_CUDA_ARCHS") or session.run("python", "-c", code, silent=True).strip()
+    arch = os.environ.get("BNB_CUDA_ARCHS") or session.run("python", "-c", code, silent=True).strip()
+    install(session, CUDA, env={"BNB_CUDA_ARCHS": arch})
 
 
 @nox.session(name="tests-cuda")
@@ -169,7 +179,7 @@ def tests_cuda(session: nox.Session) -> None:
     """On a machine with an NVIDIA GPU: the CUDA backend built for that GPU, its tests, the conformance
     suite on device cuda and the nn/optim tests on cuda (packages/backends-cuda/tests/gpu)."""
     install(session, "torch", "-e", f"{CORE}[test]")
-    install(session, CUDA, env={"BNB_CUDA_ARCHS": _gpu_arch(session)})
+    _install_cuda_for_this_gpu(session)
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run("python", "-m", "bitsandbytes", env=strict)  # diagnostics: archs, driver, runtime
     session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=strict)
@@ -181,7 +191,7 @@ def bench_cuda(session: nox.Session) -> None:
     """On a GPU: per op, ours vs upstream bitsandbytes==0.50.2 (CUDA, in a venv of its own) vs dense torch;
     GB/s and % of the device's peak bandwidth. Writes packages/backends-cuda/bench/results/cuda_bench.md."""
     install(session, "torch", "-e", CORE)
-    install(session, CUDA, env={"BNB_CUDA_ARCHS": _gpu_arch(session)})
+    _install_cuda_for_this_gpu(session)
     upstream = Path(session.virtualenv.location).parent / "bench-cuda-upstream"
     python = upstream / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
     if not python.exists():

@@ -118,11 +118,12 @@ def test_linear_matmul_out(emulated):
 
 
 def test_int_mm_shape_rule():
-    # torch._int_mm's CUDA requirements; everything else takes the reference's exact product.
-    assert ops._int_mm_accepts(17, 8, 8)
-    assert not ops._int_mm_accepts(16, 8, 8)
-    assert not ops._int_mm_accepts(32, 12, 8)
-    assert not ops._int_mm_accepts(32, 8, 12)
+    # torch._int_mm's CUDA requirements on K and N; fewer than 17 rows are padded, everything else takes
+    # the reference's exact product.
+    assert ops._int_mm_accepts(8, 8)
+    assert not ops._int_mm_accepts(12, 8)
+    assert not ops._int_mm_accepts(8, 12)
+    assert not ops._int_mm_accepts(0, 8)
 
 
 def test_errors_are_the_references(emulated):

@@ -248,3 +248,15 @@ def test_use_emulator_returns_the_previous_setting():
     assert launch.emulating()
     assert launch.use_emulator(False) is True
     assert not launch.emulating()
+
+
+def test_checks_admit_parameters_numpy_ints_and_same_width_integers(emulated):
+    import numpy as np
+
+    A = torch.nn.Parameter(torch.tensor([[1, -2], [3, 4]], dtype=torch.int8), requires_grad=False)
+    stats, out = torch.tensor([127.0, 127.0]), torch.zeros(2, 2)
+    launch.launch("int8_vectorwise_dequant", 1, 32, 0, A, stats, out, np.int64(2), 2)  # the full checks convert
+    torch.testing.assert_close(out, A.float())
+    flags = torch.zeros(3, dtype=torch.bool)  # 1-byte integers of either kind for unsigned char*
+    launch.launch("int8_outlier_cols_f32", 1, 32, 0, torch.tensor([[0.0, 5.0, 1.0]]), 2.0, flags, 1, 3)
+    assert flags.tolist() == [False, True, False]

@@ -58,6 +58,10 @@ def emulating() -> bool:
 
 def normalize_dim(value, what: str, limits: tuple[int, int, int]) -> tuple[int, int, int]:
     """An int or a 1-3 tuple of ints -> (x, y, z), each within 1..limit; ValueError/TypeError naming ``what``."""
+    if type(value) is tuple and 1 <= len(value) <= 3 and all(type(d) is int for d in value):  # cheap common case
+        dims = value + (1,) * (3 - len(value))
+        if 1 <= dims[0] <= limits[0] and 1 <= dims[1] <= limits[1] and 1 <= dims[2] <= limits[2]:
+            return dims
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         dims = (int(value),)
     elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
@@ -75,6 +79,9 @@ def normalize_dim(value, what: str, limits: tuple[int, int, int]) -> tuple[int, 
 
 
 def _geometry(grid, block, shmem) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    if type(grid) is int and type(block) is int and type(shmem) is int:  # the common case, checked cheaply
+        if 1 <= grid <= _MAX_GRID[0] and 1 <= block <= 1024 and 0 <= shmem <= 227 * 1024:
+            return (grid, 1, 1), (block, 1, 1), shmem
     g = normalize_dim(grid, "grid", _MAX_GRID)
     b = normalize_dim(block, "block", _MAX_BLOCK)
     if b[0] * b[1] * b[2] > 1024:
@@ -138,7 +145,75 @@ def _check_scalar(k: Kernel, i: int, ctype: str, value):
     return value
 
 
+# Per kernel, what each parameter accepts without further thought: (True, dtypes or None for any) for a
+# pointer, (False, lo, hi) for an integer, (False, None, None) for a floating-point number. The fast path
+# below admits exactly a subset of what the full checks admit; anything else takes the full checks, which
+# either accept the argument (converting it) or raise a message naming it.
+_plans: dict[str, tuple] = {}
+_INT_RANGES = {(size, True): (-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1) for size in (1, 2, 4, 8)}
+_INT_RANGES |= {(size, False): (0, 2 ** (8 * size) - 1) for size in (1, 2, 4, 8)}
+
+
+def _pointer_dtypes(ctype: str):
+    import torch
+
+    pointee, _ = tables.element_type(ctype)
+    if pointee == "void":
+        return None
+    if pointee in _FLOAT_DTYPES:
+        return frozenset([getattr(torch, _FLOAT_DTYPES[pointee])])
+    names = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool"]
+    names += ["uint16", "uint32", "uint64"]
+    dtypes = [getattr(torch, n) for n in names if hasattr(torch, n)]
+    size = tables.POINTEE_TYPES[pointee]
+    if pointee in tables.SCALAR_TYPES:
+        return frozenset(d for d in dtypes if not d.is_floating_point and d.itemsize == size)
+    return frozenset(d for d in dtypes if size % d.itemsize == 0)
+
+
+def _plan(k: Kernel) -> tuple:
+    plan = _plans.get(k.name)
+    if plan is None:
+        steps = []
+        for ctype in k.params:
+            if tables.is_pointer(ctype):
+                steps.append((True, _pointer_dtypes(ctype), None))
+            else:
+                kind, size, signed = tables.SCALAR_TYPES[" ".join(ctype.split())]
+                if kind == "float":
+                    steps.append((False, None, None))
+                elif ctype.strip() == "bool":
+                    steps.append((False, 0, 1))
+                else:
+                    steps.append((False, *_INT_RANGES[(size, signed)]))
+        plan = _plans[k.name] = tuple(steps)
+    return plan
+
+
+def _fast_ok(plan: tuple, args: tuple, on_device: str) -> bool:
+    import torch
+
+    if len(args) != len(plan):
+        return False
+    for (pointer, a, b), v in zip(plan, args, strict=True):
+        if pointer:
+            if v is None:
+                continue
+            if not (isinstance(v, torch.Tensor) and getattr(v, on_device) and v.is_contiguous()):
+                return False
+            if a is not None and v.dtype not in a:
+                return False
+        elif a is None:
+            if type(v) is not float and type(v) is not int:
+                return False
+        elif type(v) is not int or not a <= v <= b:
+            return False
+    return True
+
+
 def _check_args(k: Kernel, args: tuple, device_type: str) -> list:
+    if _fast_ok(_plan(k), args, "is_cpu" if device_type == "cpu" else "is_cuda"):
+        return list(args)
     if len(args) != len(k.params):
         raise TypeError(f"{k.name} takes {len(k.params)} kernel arguments ({', '.join(k.params)}), got {len(args)}")
     out = []

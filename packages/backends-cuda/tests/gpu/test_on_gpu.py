@@ -97,3 +97,13 @@ def test_optimizer_steps_on_cuda_are_the_cpu_steps(name):
             opt.step()
         results.append(p.detach().cpu())
     torch.testing.assert_close(results[1], results[0], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(("M", "K", "N"), [(1, 64, 32), (16, 64, 32), (17, 64, 32), (40, 72, 24), (5, 12, 8)])
+def test_int8_linear_matmul_every_path_is_exact(M, K, N):
+    # 1-16 rows: padded for torch._int_mm; 17+: _int_mm as is; K or N not a multiple of 8: the reference.
+    g = torch.Generator().manual_seed(M)
+    A = torch.randint(-127, 128, (M, K), generator=g, dtype=torch.int8)
+    B = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    got = int8_ops.int8_linear_matmul(A.cuda(), B.cuda())
+    assert got.dtype == torch.int32 and torch.equal(got.cpu(), A.int() @ B.int().t())

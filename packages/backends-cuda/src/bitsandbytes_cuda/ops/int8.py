@@ -92,16 +92,22 @@ def int8_double_quant(A: torch.Tensor, threshold: float = 0.0):
     return row_codes, col_codes, row_stats, col_stats, outlier_cols
 
 
-def _int_mm_accepts(M: int, K: int, N: int) -> bool:
-    # torch._int_mm on CUDA: more than 16 rows, K and N positive multiples of 8.
-    return M > 16 and K > 0 and K % 8 == 0 and N > 0 and N % 8 == 0
+# torch._int_mm on CUDA wants more than 16 rows and K, N positive multiples of 8 (B column-major: B.t()).
+_INT_MM_MIN_ROWS = 17
+
+
+def _int_mm_accepts(K: int, N: int) -> bool:
+    return K > 0 and K % 8 == 0 and N > 0 and N % 8 == 0
 
 
 def _int8_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     M, K = _rows_cols(A)
     N = B.shape[0]
-    if A.is_cuda and _int_mm_accepts(M, K, N):
-        return torch._int_mm(A.reshape(M, K), B.t()).reshape(*A.shape[:-1], N)
+    if A.is_cuda and M > 0 and _int_mm_accepts(K, N):
+        A2 = A.reshape(M, K)
+        if M < _INT_MM_MIN_ROWS:  # decoding: zero rows pad A up to _int_mm's minimum; int32 sums stay exact
+            A2 = torch.nn.functional.pad(A2, (0, 0, 0, _INT_MM_MIN_ROWS - M))
+        return torch._int_mm(A2, B.t())[:M].reshape(*A.shape[:-1], N)
     # Shapes cuBLASLt rejects (and emulation, on the CPU): the reference's exact chunked fp32 product.
     return _reference_int8_matmul(A, B)
 
