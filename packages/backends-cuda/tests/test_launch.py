@@ -99,7 +99,10 @@ def built_library(tmp_path_factory):
     if NVCC is None:
         pytest.skip("needs the CUDA compiler nvcc")
     out = tmp_path_factory.mktemp("lib")
-    sources = [str(p) for p in _generate.generate(CSRC, out / "gen")] + [str(CSRC / "library.cu")]
+    sources = [str(p) for p in _generate.generate(CSRC, out / "gen")] + [
+        str(CSRC / "library.cu"),
+        str(CSRC / "paged.cu"),
+    ]
     lib = out / "libbnb_cuda.so"
     cmd = [
         NVCC, "-arch=sm_80", "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra", "--Werror=all-warnings",
@@ -131,7 +134,7 @@ def test_generated_launchers_compile_and_load(built_library, fresh_library, monk
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if " T " in line}
     assert exported == {k.symbol for k in tables.all_kernels().values()} | {
         "bnb_cuda_error_string", "bnb_cuda_runtime_version", "bnb_cuda_driver_version", "bnb_cuda_archs",
-        "bnb_cuda_check_device",
+        "bnb_cuda_check_device", "bnb_cuda_managed_alloc", "bnb_cuda_managed_free", "bnb_cuda_managed_prefetch",
     }  # fmt: skip
     assert launch.error_string(35) == "CUDA driver version is insufficient for CUDA runtime version"
     if not torch.cuda.is_available():

@@ -53,10 +53,11 @@ def check_driver() -> None:
 
 
 def _load() -> None:
-    from . import ops
+    from . import launch, ops, paged
 
     check_driver()
     ops.register_all("cuda")
+    paged.register(launch.library())  # managed memory for the paged optimizers
 
 
 def _diagnostics() -> dict:
