@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from bitsandbytes_cuda import launch
 
 from bitsandbytes.testing import emu
+from bitsandbytes_cuda import launch
 
 
 @pytest.fixture

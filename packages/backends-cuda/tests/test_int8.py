@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bitsandbytes_cuda.ops import int8 as ops
 
 from bitsandbytes._reference import int8 as ref
+from bitsandbytes_cuda.ops import int8 as ops
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from bitsandbytes_cuda import _generate, launch, ops, plugin, tables
-from bitsandbytes_cuda.ops._common import rows_cols_geometry
-from bitsandbytes_cuda.tables import Kernel
 
 import bitsandbytes
 from bitsandbytes import _ops
+from bitsandbytes_cuda import _generate, launch, ops, plugin, tables
+from bitsandbytes_cuda.ops._common import rows_cols_geometry
+from bitsandbytes_cuda.tables import Kernel
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 NVCC = shutil.which("nvcc")

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from bitsandbytes_cuda import launch
-from bitsandbytes_cuda.ops import matmul_4bit as ops
-from bitsandbytes_cuda.ops._common import suffix
-from bitsandbytes_cuda.tables import matmul_4bit as table
 
 from bitsandbytes import _formats
 from bitsandbytes._reference import REFERENCE
 from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes_cuda import launch
+from bitsandbytes_cuda.ops import matmul_4bit as ops
+from bitsandbytes_cuda.ops._common import suffix
+from bitsandbytes_cuda.tables import matmul_4bit as table
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 QUANT_TYPES = ["nf4", "fp4"]

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from bitsandbytes_cuda import launch
-from bitsandbytes_cuda.ops import optimizers as ops
 
 import bitsandbytes
 from bitsandbytes import functional
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes_cuda import launch
+from bitsandbytes_cuda.ops import optimizers as ops
 
 pytestmark = pytest.mark.usefixtures("emulated")  # conftest.py: launch() runs in the emulator
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from bitsandbytes_cuda import paged
 
 from bitsandbytes import functional
 from bitsandbytes._functional import paged as core_paged
+from bitsandbytes_cuda import paged
 
 STREAM = 0x5EED
 

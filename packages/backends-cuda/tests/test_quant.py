@@ -13,7 +13,6 @@ import re
 
 import pytest
 import torch
-from bitsandbytes_cuda.ops import quant
 
 import bitsandbytes
 from bitsandbytes import functional
@@ -33,6 +32,7 @@ from bitsandbytes.testing.cases import (
     with_zero_block,
 )
 from bitsandbytes.testing.compare import assert_equal
+from bitsandbytes_cuda.ops import quant
 
 CASES = list(blockwise_cases())
 CASE_IDS = [f"{dtype_id(d)}-b{b}-{'x'.join(map(str, s))}" for d, b, s in CASES]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bitsandbytes_cuda.ops import matmul_4bit as ops
 
 from bitsandbytes import _formats
 from bitsandbytes._reference import REFERENCE
 from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes_cuda.ops import matmul_4bit as ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 

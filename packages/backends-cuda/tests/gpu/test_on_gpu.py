@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bitsandbytes_cuda import launch, ops, plugin
-from bitsandbytes_cuda.ops import int8 as int8_ops
 
 import bitsandbytes as bnb
 import bitsandbytes.backends as backends
+from bitsandbytes_cuda import launch, ops, plugin
+from bitsandbytes_cuda.ops import int8 as int8_ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 

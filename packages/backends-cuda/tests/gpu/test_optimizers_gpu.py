@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bitsandbytes_cuda.ops import optimizers as ops
 
 import bitsandbytes  # noqa: F401  (loads the cuda backend: ops and paged memory)
 from bitsandbytes import functional
 from bitsandbytes._functional import paged as core_paged
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes_cuda.ops import optimizers as ops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bitsandbytes_cuda.ops import quant
 
 from bitsandbytes import functional
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes_cuda.ops import quant
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
