@@ -1,0 +1,590 @@
+// The quant family on Apple GPUs: 8-bit blockwise quantization with a 256-entry map, 4-bit NF4/FP4, and
+// gemv_4bit on the packed 4-bit layout. Semantics (the contract): bitsandbytes/_reference/blockwise.py and
+// fourbit.py. Launch geometry is computed in one place, bitsandbytes_mps/ops/quant.py; what it must meet
+// is stated at each kernel. Instantiations and the 4-bit constants are generated (tables/quant.py).
+//
+// Floating point: the codes are bytes the format defines, so the arithmetic is pinned down: scaling uses
+// precise::divide (fast math would approximate the reciprocal and the tail block's division), NaN tests
+// are on the bits (fast math may assume no NaN), and max(|x|) is taken on the magnitude bits as uint.
+#include <metal_stdlib>
+using namespace metal;
+
+#define BNB_QUANT_ITEMS 8
+#define BNB_GEMV_FEATURES 4
+#define BNB_GEMV_ROWS 4
+#define BNB_GEMV_MAX_SIMDGROUPS 8
+
+// BEGIN GENERATED constants (python -m bitsandbytes_mps.tables.quant; do not edit)
+#define BNB_FIRST_VALUE_IN_HIGH_NIBBLE 1
+#define BNB_MIN_SCALE 9.99999935e-39f
+constant float NF4_TABLE[16] = {-1.0f, -0.696192801f, -0.525073051f, -0.394917488f, -0.284441382f, -0.18477343f, -0.0910500363f, 0.0f, 0.0795802996f, 0.160930201f, 0.246112302f, 0.337915242f, 0.440709829f, 0.562617004f, 0.722956836f, 1.0f};
+constant float NF4_MIDPOINTS[15] = {-0.848096371f, -0.610632896f, -0.45999527f, -0.33967942f, -0.234607399f, -0.137911737f, -0.0455250181f, 0.0397901498f, 0.120255247f, 0.203521252f, 0.292013764f, 0.389312536f, 0.501663446f, 0.64278692f, 0.861478448f};
+constant uchar NF4_ORDER[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#define NF4_PAD_CODE 7u
+constant float FP4_TABLE[16] = {0.0f, 0.00520833349f, 0.666666687f, 1.0f, 0.333333343f, 0.5f, 0.166666672f, 0.25f, 0.0f, -0.00520833349f, -0.666666687f, -1.0f, -0.333333343f, -0.5f, -0.166666672f, -0.25f};
+constant float FP4_MIDPOINTS[15] = {-0.833333373f, -0.583333373f, -0.416666687f, -0.291666687f, -0.208333343f, -0.0859375f, -0.00260416674f, 0.0f, 0.00260416674f, 0.0859375f, 0.208333343f, 0.291666687f, 0.416666687f, 0.583333373f, 0.833333373f};
+constant uchar FP4_ORDER[16] = {11, 10, 13, 12, 15, 14, 9, 0, 8, 1, 6, 7, 4, 5, 2, 3};
+#define FP4_PAD_CODE 0u
+// END GENERATED constants
+
+// ---------------------------------------------------------------------------------------- helpers
+
+inline bool nan_bits(float x) { return (as_type<uint>(x) & 0x7fffffffu) > 0x7f800000u; }
+
+// |x| as uint bits: ordered like |x| for numbers, inf above them and every NaN above inf.
+inline uint magnitude_bits(float x) { return as_type<uint>(x) & 0x7fffffffu; }
+
+// The block's absmax from the max magnitude bits (any NaN becomes the quiet NaN, as torch's amax gives).
+inline float magnitude_to_absmax(uint m) { return as_type<float>(m > 0x7f800000u ? 0x7fc00000u : m); }
+
+// Max of m over each aligned group of `group` threads (a power of two, 4..512, dividing the threadgroup
+// size). Every thread of the threadgroup calls it: above 32 it holds a barrier.
+inline uint group_max(uint m, uint group, uint lid, uint sg, uint lane, threadgroup uint* scratch) {
+  if (group >= 32) {
+    m = simd_max(m);
+  } else {
+    for (ushort off = ushort(group / 2); off > 0; off >>= 1) m = max(m, simd_shuffle_xor(m, off));
+  }
+  if (group > 32) {
+    if (lane == 0) scratch[sg] = m;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const uint first = (lid / group) * (group / 32);
+    m = scratch[first];
+    for (uint j = 1; j < group / 32; ++j) m = max(m, scratch[first + j]);
+  }
+  return m;
+}
+
+// Scaling into [-1, 1] as the reference: a full block multiplies by the reciprocal of max(absmax,
+// MIN_SCALE), the short last block divides by it. NaN stays NaN (absmax < MIN_SCALE is false for NaN).
+struct BlockScale {
+  float clamped, inv;
+  bool full;
+  BlockScale(float absmax, bool full_block) {
+    clamped = absmax < BNB_MIN_SCALE ? BNB_MIN_SCALE : absmax;
+    inv = precise::divide(1.0f, clamped);
+    full = full_block;
+  }
+  float operator()(float x) const { return full ? x * inv : precise::divide(x, clamped); }
+};
+
+inline float clamp_unit(float s) { return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s); }
+
+// The quantizers' geometry: a group of blocksize / BNB_QUANT_ITEMS threads owns one quantization block,
+// each thread BNB_QUANT_ITEMS consecutive values held in registers between the absmax reduction and
+// the coding (one pass over A). Threadgroup size max(256, group); threadgroup tg owns blocks
+// tg * per_group ... where per_group = threadgroup size / group. Threads past the last block load zeros
+// and take part in the reductions.
+struct QuantPlace {
+  long block, start, i, n_blocks;
+  uint group;
+  QuantPlace(uint tg, uint lid, uint tg_size, long n, long blocksize) {
+    group = uint(blocksize / BNB_QUANT_ITEMS);
+    block = long(tg) * (tg_size / group) + lid / group;
+    start = block * blocksize;
+    i = start + long(lid % group) * BNB_QUANT_ITEMS;
+    n_blocks = (n + blocksize - 1) / blocksize;
+  }
+};
+
+template <typename T>
+inline void load_items(device const T* A, long i, long n, thread float* v) {
+  for (int k = 0; k < BNB_QUANT_ITEMS; ++k) v[k] = i + k < n ? float(A[i + k]) : 0.0f;
+}
+
+// ------------------------------------------------------------------------------------------- 8-bit
+
+// The nearest-code search needs the map sorted by value (stably; NaN after every number):
+// mids[i] = (v[i] + v[i + 1]) / 2 in float32 and order[i] = the code of v[i]; mids[255] = +inf (unused).
+// One threadgroup of 256 threads, each finding the stable rank of one entry.
+inline bool sorts_before(float a, float b) { return a < b || (nan_bits(b) && !nan_bits(a)); }
+
+kernel void quant_map_prepare(device const float* code [[buffer(0)]],
+                              device float* mids [[buffer(1)]],
+                              device uchar* order [[buffer(2)]],
+                              uint i [[thread_index_in_threadgroup]]) {
+  threadgroup float values[256];
+  threadgroup float sorted[256];
+  const float c = code[i];
+  values[i] = c;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  uint rank = 0;
+  for (uint j = 0; j < 256; ++j) {
+    const float d = values[j];
+    rank += (sorts_before(d, c) || (j < i && !sorts_before(c, d))) ? 1u : 0u;
+  }
+  sorted[rank] = c;
+  order[rank] = uchar(i);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  mids[i] = i < 255 ? (sorted[i] + sorted[i + 1]) / 2.0f : as_type<float>(0x7f800000u);
+}
+
+// Slot of s in the sorted map: how many of the 255 midpoints are < s (the reference's bucketize), by a
+// branchless binary search over the sorted midpoints; NaN takes the last slot (the largest map value).
+inline uint slot256(threadgroup const float* mids, float s) {
+  if (nan_bits(s)) return 255u;
+  uint j = 0;
+  for (uint step = 128; step > 0; step >>= 1) j += s > mids[j + step - 1] ? step : 0u;
+  return j;
+}
+
+// absmax[b] and the code of every value of A[0, n) (map prepared by quant_map_prepare).
+template <typename T>
+kernel void quantize_blockwise(device const T* A [[buffer(0)]],
+                               device const float* map_mids [[buffer(1)]],
+                               device const uchar* map_order [[buffer(2)]],
+                               device uchar* out [[buffer(3)]],
+                               device float* absmax [[buffer(4)]],
+                               constant long& n [[buffer(5)]],
+                               constant long& blocksize [[buffer(6)]],
+                               uint tg [[threadgroup_position_in_grid]],
+                               uint lid [[thread_index_in_threadgroup]],
+                               uint tg_size [[threads_per_threadgroup]],
+                               uint sg [[simdgroup_index_in_threadgroup]],
+                               uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float mids[256];
+  threadgroup uchar order[256];
+  threadgroup uint scratch[32];
+  for (uint t = lid; t < 256; t += tg_size) {
+    mids[t] = map_mids[t];
+    order[t] = map_order[t];
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  const QuantPlace p(tg, lid, tg_size, n, blocksize);
+  float v[BNB_QUANT_ITEMS];
+  load_items(A, p.i, n, v);
+  uint m = 0;
+  for (int k = 0; k < BNB_QUANT_ITEMS; ++k) m = max(m, magnitude_bits(v[k]));
+  const float amax = magnitude_to_absmax(group_max(m, p.group, lid, sg, lane, scratch));
+  if (p.block >= p.n_blocks || p.i >= n) return;  // after the last barrier
+  if (lid % p.group == 0) absmax[p.block] = amax;
+
+  const BlockScale scale(amax, p.start + blocksize <= n);
+  for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k) out[p.i + k] = order[slot256(mids, clamp_unit(scale(v[k])))];
+}
+
+// out[i] = code[A[i]] * absmax[i / blocksize] in float32, rounded once to T. One value per thread (a
+// SIMD-group reads 32 consecutive bytes); the map sits in threadgroup memory. Any threadgroup size.
+template <typename T>
+kernel void dequantize_blockwise(device const uchar* A [[buffer(0)]],
+                                 device const float* absmax [[buffer(1)]],
+                                 device const float* code [[buffer(2)]],
+                                 device T* out [[buffer(3)]],
+                                 constant long& n [[buffer(4)]],
+                                 constant long& blocksize [[buffer(5)]],
+                                 uint gid [[thread_position_in_grid]],
+                                 uint lid [[thread_index_in_threadgroup]],
+                                 uint tg_size [[threads_per_threadgroup]]) {
+  threadgroup float table[256];
+  for (uint t = lid; t < 256; t += tg_size) table[t] = code[t];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (long(gid) >= n) return;
+  const uint shift = ctz(uint(blocksize));
+  out[gid] = T(table[A[gid]] * absmax[gid >> shift]);
+}
+
+// ------------------------------------------------------------------------------------------- 4-bit
+
+template <int QT>
+inline float value4(uint c) {
+  return QT == 1 ? FP4_TABLE[c] : NF4_TABLE[c];
+}
+
+// The code of scaled value s: how many of the 15 midpoints are < s (NaN: all of them), then that
+// slot's code. Fifteen compares against constants: no search, no divergence. No clamp needed: every
+// midpoint lies strictly inside [-1, 1].
+template <int QT>
+inline uint code4(float s) {
+  if (nan_bits(s)) return QT == 1 ? FP4_ORDER[15] : NF4_ORDER[15];
+  uint slot = 0;
+  for (int i = 0; i < 15; ++i) slot += s > (QT == 1 ? FP4_MIDPOINTS[i] : NF4_MIDPOINTS[i]) ? 1u : 0u;
+  return QT == 1 ? FP4_ORDER[slot] : NF4_ORDER[slot];
+}
+
+// absmax[b] and the packed codes of A[0, n): two per byte, the first in the high nibble
+// (BNB_FIRST_VALUE_IN_HIGH_NIBBLE); for odd n the last low nibble is the code of the padding value 0.0.
+template <typename T, int QT>
+kernel void quantize_4bit(device const T* A [[buffer(0)]],
+                          device uchar* out [[buffer(1)]],
+                          device float* absmax [[buffer(2)]],
+                          constant long& n [[buffer(3)]],
+                          constant long& blocksize [[buffer(4)]],
+                          uint tg [[threadgroup_position_in_grid]],
+                          uint lid [[thread_index_in_threadgroup]],
+                          uint tg_size [[threads_per_threadgroup]],
+                          uint sg [[simdgroup_index_in_threadgroup]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup uint scratch[32];
+  const QuantPlace p(tg, lid, tg_size, n, blocksize);
+  float v[BNB_QUANT_ITEMS];
+  load_items(A, p.i, n, v);
+  uint m = 0;
+  for (int k = 0; k < BNB_QUANT_ITEMS; ++k) m = max(m, magnitude_bits(v[k]));
+  const float amax = magnitude_to_absmax(group_max(m, p.group, lid, sg, lane, scratch));
+  if (p.block >= p.n_blocks || p.i >= n) return;  // after the last barrier
+  if (lid % p.group == 0) absmax[p.block] = amax;
+
+  const BlockScale scale(amax, p.start + blocksize <= n);
+  const uint pad = QT == 1 ? FP4_PAD_CODE : NF4_PAD_CODE;
+  for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; k += 2) {
+    const uint hi = code4<QT>(scale(v[k]));
+    // The padding value is 0.0 after scaling: its code is fixed, even in a NaN block.
+    const uint lo = p.i + k + 1 < n ? code4<QT>(scale(v[k + 1])) : pad;
+    out[(p.i + k) / 2] = uchar((hi << 4) | lo);
+  }
+}
+
+// out[2j], out[2j + 1] = table[nibbles of byte j] * absmax[block] in float32, rounded once to T. One
+// byte per thread (both values share a block: block sizes are even). Any threadgroup size.
+template <typename T, int QT>
+kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
+                            device const float* absmax [[buffer(1)]],
+                            device T* out [[buffer(2)]],
+                            constant long& n [[buffer(3)]],
+                            constant long& blocksize [[buffer(4)]],
+                            uint gid [[thread_position_in_grid]]) {
+  const long i = 2 * long(gid);
+  if (i >= n) return;
+  const uint byte = A[gid];
+  const float s = absmax[i >> ctz(uint(blocksize))];
+  out[i] = T(value4<QT>(byte >> 4) * s);
+  if (i + 1 < n) out[i + 1] = T(value4<QT>(byte & 0xfu) * s);
+}
+
+// -------------------------------------------------------------------------------------------- gemv
+
+// out[m, n] = sum_k A[m, k] * W[n, k] with W[n, k] = T(code[c] * absmax[f / blocksize]), f = n * K + k
+// and c its nibble (the reference's weight, rounded to A's dtype), accumulated in float32 with fma.
+// Threadgroup (x, y) computes BNB_GEMV_FEATURES features for BNB_GEMV_ROWS rows of A; its threads
+// (at most BNB_GEMV_MAX_SIMDGROUPS SIMD-groups) split K, so each weight byte is read once and every value
+// of A loaded serves all the threadgroup's features. Even K: rows start on a byte, a thread takes the
+// pair k, k + 1 (one byte per feature). Odd K: rows start mid-byte every other row, a thread takes one k.
+// Then simd_sum per (feature, row) and a fixed-order sum over the SIMD-groups.
+template <typename T>
+kernel void gemv_4bit(device const T* A [[buffer(0)]],
+                      device const uchar* B [[buffer(1)]],
+                      device const float* absmax [[buffer(2)]],
+                      device const float* code [[buffer(3)]],
+                      device T* out [[buffer(4)]],
+                      constant long& M [[buffer(5)]],
+                      constant long& N [[buffer(6)]],
+                      constant long& K [[buffer(7)]],
+                      constant long& blocksize [[buffer(8)]],
+                      uint2 tg [[threadgroup_position_in_grid]],
+                      uint lid [[thread_index_in_threadgroup]],
+                      uint tg_size [[threads_per_threadgroup]],
+                      uint sg [[simdgroup_index_in_threadgroup]],
+                      uint lane [[thread_index_in_simdgroup]],
+                      uint sg_count [[simdgroups_per_threadgroup]]) {
+  constexpr int F = BNB_GEMV_FEATURES;
+  constexpr int R = BNB_GEMV_ROWS;
+  threadgroup float table[16];
+  // A literal size: the emulator's front end shares a threadgroup array between lanes only when its
+  // size is a plain number (an expression gave each lane its own copy there).
+  threadgroup float partial[128];
+  static_assert(BNB_GEMV_MAX_SIMDGROUPS * F * R == 128, "partial holds one sum per SIMD-group, feature, row");
+  if (lid < 16) table[lid] = code[lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+
+  const long n0 = long(tg.x) * F;
+  const long m0 = long(tg.y) * R;
+  const int feats = int(min(long(F), N - n0));  // uniform over the threadgroup
+  const int rows = int(min(long(R), M - m0));
+  const uint shift = ctz(uint(blocksize));
+  device const T* a0 = A + m0 * K;
+  float acc[F][R];
+  for (int f = 0; f < F; ++f)
+    for (int r = 0; r < R; ++r) acc[f][r] = 0.0f;
+
+  if ((K & 1) == 0) {
+    for (long k = 2 * long(lid); k < K; k += 2 * long(tg_size)) {
+      float w[F][2];
+      for (int f = 0; f < F; ++f) {
+        if (f < feats) {
+          const long i = (n0 + f) * K + k;  // even: the byte holds k (high nibble) and k + 1
+          const uint byte = B[i >> 1];
+          const float s = absmax[i >> shift];
+          w[f][0] = float(T(table[byte >> 4] * s));
+          w[f][1] = float(T(table[byte & 0xfu] * s));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          const float x0 = float(a0[r * K + k]);
+          const float x1 = float(a0[r * K + k + 1]);
+          for (int f = 0; f < F; ++f)
+            if (f < feats) acc[f][r] = fma(w[f][1], x1, fma(w[f][0], x0, acc[f][r]));
+        }
+      }
+    }
+  } else {
+    for (long k = long(lid); k < K; k += long(tg_size)) {
+      float w[F];
+      for (int f = 0; f < F; ++f) {
+        if (f < feats) {
+          const long i = (n0 + f) * K + k;
+          const uint byte = B[i >> 1];
+          w[f] = float(T(table[(i & 1) ? (byte & 0xfu) : (byte >> 4)] * absmax[i >> shift]));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          const float x = float(a0[r * K + k]);
+          for (int f = 0; f < F; ++f)
+            if (f < feats) acc[f][r] = fma(w[f], x, acc[f][r]);
+        }
+      }
+    }
+  }
+
+  for (int f = 0; f < F; ++f) {
+    for (int r = 0; r < R; ++r) {
+      if (f < feats && r < rows) {  // uniform: every lane takes part in simd_sum
+        const float v = simd_sum(acc[f][r]);
+        if (lane == 0) partial[sg * (F * R) + r * F + f] = v;
+      }
+    }
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid < uint(F * R)) {
+    const int f = int(lid) % F, r = int(lid) / F;
+    if (f < feats && r < rows) {
+      float v = partial[r * F + f];
+      for (uint j = 1; j < sg_count; ++j) v += partial[j * (F * R) + r * F + f];
+      out[(m0 + r) * N + n0 + f] = T(v);
+    }
+  }
+}
+
+// -------------------------------------------------------------------------------- instantiations
+
+// BEGIN GENERATED instances (python -m bitsandbytes_mps.tables.quant; do not edit)
+template [[host_name("quantize_blockwise_float")]] kernel void quantize_blockwise<float>(
+    device const float* A [[buffer(0)]],
+    device const float* map_mids [[buffer(1)]],
+    device const uchar* map_order [[buffer(2)]],
+    device uchar* out [[buffer(3)]],
+    device float* absmax [[buffer(4)]],
+    constant long& n [[buffer(5)]],
+    constant long& blocksize [[buffer(6)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_blockwise_float")]] kernel void dequantize_blockwise<float>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device const float* code [[buffer(2)]],
+    device float* out [[buffer(3)]],
+    constant long& n [[buffer(4)]],
+    constant long& blocksize [[buffer(5)]],
+    uint gid [[thread_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]]);
+template [[host_name("quantize_4bit_nf4_float")]] kernel void quantize_4bit<float, 0>(
+    device const float* A [[buffer(0)]],
+    device uchar* out [[buffer(1)]],
+    device float* absmax [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_4bit_nf4_float")]] kernel void dequantize_4bit<float, 0>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device float* out [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint gid [[thread_position_in_grid]]);
+template [[host_name("quantize_4bit_fp4_float")]] kernel void quantize_4bit<float, 1>(
+    device const float* A [[buffer(0)]],
+    device uchar* out [[buffer(1)]],
+    device float* absmax [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_4bit_fp4_float")]] kernel void dequantize_4bit<float, 1>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device float* out [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint gid [[thread_position_in_grid]]);
+template [[host_name("gemv_4bit_float")]] kernel void gemv_4bit<float>(
+    device const float* A [[buffer(0)]],
+    device const uchar* B [[buffer(1)]],
+    device const float* absmax [[buffer(2)]],
+    device const float* code [[buffer(3)]],
+    device float* out [[buffer(4)]],
+    constant long& M [[buffer(5)]],
+    constant long& N [[buffer(6)]],
+    constant long& K [[buffer(7)]],
+    constant long& blocksize [[buffer(8)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg_count [[simdgroups_per_threadgroup]]);
+template [[host_name("quantize_blockwise_half")]] kernel void quantize_blockwise<half>(
+    device const half* A [[buffer(0)]],
+    device const float* map_mids [[buffer(1)]],
+    device const uchar* map_order [[buffer(2)]],
+    device uchar* out [[buffer(3)]],
+    device float* absmax [[buffer(4)]],
+    constant long& n [[buffer(5)]],
+    constant long& blocksize [[buffer(6)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_blockwise_half")]] kernel void dequantize_blockwise<half>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device const float* code [[buffer(2)]],
+    device half* out [[buffer(3)]],
+    constant long& n [[buffer(4)]],
+    constant long& blocksize [[buffer(5)]],
+    uint gid [[thread_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]]);
+template [[host_name("quantize_4bit_nf4_half")]] kernel void quantize_4bit<half, 0>(
+    device const half* A [[buffer(0)]],
+    device uchar* out [[buffer(1)]],
+    device float* absmax [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_4bit_nf4_half")]] kernel void dequantize_4bit<half, 0>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device half* out [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint gid [[thread_position_in_grid]]);
+template [[host_name("quantize_4bit_fp4_half")]] kernel void quantize_4bit<half, 1>(
+    device const half* A [[buffer(0)]],
+    device uchar* out [[buffer(1)]],
+    device float* absmax [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_4bit_fp4_half")]] kernel void dequantize_4bit<half, 1>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device half* out [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint gid [[thread_position_in_grid]]);
+template [[host_name("gemv_4bit_half")]] kernel void gemv_4bit<half>(
+    device const half* A [[buffer(0)]],
+    device const uchar* B [[buffer(1)]],
+    device const float* absmax [[buffer(2)]],
+    device const float* code [[buffer(3)]],
+    device half* out [[buffer(4)]],
+    constant long& M [[buffer(5)]],
+    constant long& N [[buffer(6)]],
+    constant long& K [[buffer(7)]],
+    constant long& blocksize [[buffer(8)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg_count [[simdgroups_per_threadgroup]]);
+#if BNB_HAS_BFLOAT
+template [[host_name("quantize_blockwise_bfloat")]] kernel void quantize_blockwise<bfloat>(
+    device const bfloat* A [[buffer(0)]],
+    device const float* map_mids [[buffer(1)]],
+    device const uchar* map_order [[buffer(2)]],
+    device uchar* out [[buffer(3)]],
+    device float* absmax [[buffer(4)]],
+    constant long& n [[buffer(5)]],
+    constant long& blocksize [[buffer(6)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_blockwise_bfloat")]] kernel void dequantize_blockwise<bfloat>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device const float* code [[buffer(2)]],
+    device bfloat* out [[buffer(3)]],
+    constant long& n [[buffer(4)]],
+    constant long& blocksize [[buffer(5)]],
+    uint gid [[thread_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]]);
+template [[host_name("quantize_4bit_nf4_bfloat")]] kernel void quantize_4bit<bfloat, 0>(
+    device const bfloat* A [[buffer(0)]],
+    device uchar* out [[buffer(1)]],
+    device float* absmax [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_4bit_nf4_bfloat")]] kernel void dequantize_4bit<bfloat, 0>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device bfloat* out [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint gid [[thread_position_in_grid]]);
+template [[host_name("quantize_4bit_fp4_bfloat")]] kernel void quantize_4bit<bfloat, 1>(
+    device const bfloat* A [[buffer(0)]],
+    device uchar* out [[buffer(1)]],
+    device float* absmax [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]]);
+template [[host_name("dequantize_4bit_fp4_bfloat")]] kernel void dequantize_4bit<bfloat, 1>(
+    device const uchar* A [[buffer(0)]],
+    device const float* absmax [[buffer(1)]],
+    device bfloat* out [[buffer(2)]],
+    constant long& n [[buffer(3)]],
+    constant long& blocksize [[buffer(4)]],
+    uint gid [[thread_position_in_grid]]);
+template [[host_name("gemv_4bit_bfloat")]] kernel void gemv_4bit<bfloat>(
+    device const bfloat* A [[buffer(0)]],
+    device const uchar* B [[buffer(1)]],
+    device const float* absmax [[buffer(2)]],
+    device const float* code [[buffer(3)]],
+    device bfloat* out [[buffer(4)]],
+    constant long& M [[buffer(5)]],
+    constant long& N [[buffer(6)]],
+    constant long& K [[buffer(7)]],
+    constant long& blocksize [[buffer(8)]],
+    uint2 tg [[threadgroup_position_in_grid]],
+    uint lid [[thread_index_in_threadgroup]],
+    uint tg_size [[threads_per_threadgroup]],
+    uint sg [[simdgroup_index_in_threadgroup]],
+    uint lane [[thread_index_in_simdgroup]],
+    uint sg_count [[simdgroups_per_threadgroup]]);
+#endif
+// END GENERATED instances

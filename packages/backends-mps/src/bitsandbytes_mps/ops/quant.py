@@ -1,0 +1,305 @@
+"""The quant family on MPS: 8-bit blockwise and 4-bit NF4/FP4 (de)quantization, gemv_4bit, gemm_4bit.
+
+Validation is the core's (the reference's errors); outputs are allocated by torch on the input's device;
+the launch geometry of every kernel is computed here and nowhere else (what each kernel needs is stated
+above it in metal/quant.metal). A kernel the loaded library lacks (bfloat before macOS 14) sends the op
+to the core's reference kernel, on the same device.
+
+gemm_4bit is dequantize + torch.matmul on purpose: with many rows the product is compute-bound, and
+PyTorch's MPS matmul (MPSGraph / Metal Performance Shaders, simdgroup-matrix tiles) is what a hand-written
+dequantizing GEMM would have to beat on every Apple GPU generation; the extra pass over the weight is
+amortised over the rows. The few-row (decoding) case, where the weight's bytes dominate, is gemv_4bit:
+one fused kernel that reads each weight byte once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from bitsandbytes import _checks, _formats
+from bitsandbytes._ops import (
+    check_dequantize_4bit,
+    check_dequantize_blockwise,
+    check_gemm_4bit,
+    check_gemv_4bit,
+    check_quantize_4bit,
+    check_quantize_blockwise,
+)
+from bitsandbytes._reference import REFERENCE
+
+from .. import library
+from ..tables.quant import (
+    DEQUANT_THREADS,
+    GEMV_FEATURES,
+    GEMV_ROWS,
+    GEMV_THREADS,
+    QUANT_ITEMS,
+    QUANT_MIN_THREADS,
+)
+
+__all__ = ["OPS"]
+
+SUFFIX = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+
+
+def _fallback(op: str, kernel: str) -> Callable | None:
+    """The reference kernel of ``op`` when ``kernel`` is not loaded, else None."""
+    return None if library.has(kernel) else REFERENCE[op]
+
+
+def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:
+    """(threads, group_size) of a quantizer: blocksize / QUANT_ITEMS threads per quantization block,
+    threadgroups of max(QUANT_MIN_THREADS, that) threads, as many as the blocks need."""
+    group = blocksize // QUANT_ITEMS
+    size = max(QUANT_MIN_THREADS, group)
+    groups = _checks.n_blocks(_checks.n_blocks(n, blocksize), size // group)
+    return groups * size, size
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as flat uint8, whatever dtype stores them (no copy when contiguous)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _into(out: torch.Tensor, fill: Callable[[torch.Tensor], None]) -> None:
+    """Run ``fill`` on a flat contiguous view of ``out`` (a temporary when ``out`` is strided)."""
+    if out.is_contiguous():
+        fill(out.view(-1))
+    else:
+        tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        fill(tmp.view(-1))
+        out.copy_(tmp)
+
+
+# ------------------------------------------------------------------------------------------- 8-bit
+
+
+def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8-bit map's float32 midpoints in value order (256; the last unused) and each sorted slot's code."""
+    mids = torch.empty(256, dtype=torch.float32, device=code.device)
+    order = torch.empty(256, dtype=torch.uint8, device=code.device)
+    library.dispatch("quant_map_prepare", code.contiguous(), mids, order, threads=256, group_size=256)
+    return mids, order
+
+
+def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_blockwise(A, code, blocksize)
+    name = f"quantize_blockwise_{SUFFIX[A.dtype]}"
+    if ref := _fallback("quantize_blockwise", name):
+        return ref(A, code, blocksize)
+    n = A.numel()
+    out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
+    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    if n:
+        mids, order = sorted_code_map(code)
+        threads, size = quantize_geometry(n, blocksize)
+        flat = A.contiguous().reshape(-1)
+        library.dispatch(name, flat, mids, order, out.view(-1), absmax, n, blocksize, threads=threads, group_size=size)
+    return out, absmax
+
+
+def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
+    n = A.numel()
+    if n:
+        library.dispatch(
+            f"dequantize_blockwise_{SUFFIX[out.dtype]}",
+            _bytes(A),
+            absmax.contiguous(),
+            code.contiguous(),
+            out,
+            n,
+            blocksize,
+            threads=n,
+            group_size=min(n, DEQUANT_THREADS),
+        )
+
+
+def dequantize_blockwise(
+    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
+) -> torch.Tensor:
+    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
+    if ref := _fallback("dequantize_blockwise", f"dequantize_blockwise_{SUFFIX[dtype]}"):
+        return ref(A, absmax, code, blocksize, dtype)
+    out = torch.empty(A.shape, dtype=dtype, device=A.device)
+    _dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))
+    return out
+
+
+def dequantize_blockwise_out(
+    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
+) -> None:
+    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
+    _checks.out_tensor(out, A.shape, dtype, A.device)
+    if ref := _fallback("dequantize_blockwise.out", f"dequantize_blockwise_{SUFFIX[dtype]}"):
+        return ref(A, absmax, code, blocksize, dtype, out)
+    _into(out, lambda flat: _dequantize_blockwise_into(A, absmax, code, blocksize, flat))
+
+
+# ------------------------------------------------------------------------------------------- 4-bit
+
+
+def quantize_4bit(
+    A: torch.Tensor, blocksize: int, quant_type: str, quant_storage: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    check_quantize_4bit(A, blocksize, quant_type, quant_storage)
+    name = f"quantize_4bit_{quant_type}_{SUFFIX[A.dtype]}"
+    if ref := _fallback("quantize_4bit", name):
+        return ref(A, blocksize, quant_type, quant_storage)
+    n = A.numel()
+    # The kernel writes bytes; quant_storage is only a view of them.
+    packed = torch.empty(_checks.packed_4bit_bytes(n), dtype=torch.uint8, device=A.device)
+    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    if n:
+        threads, size = quantize_geometry(n, blocksize)
+        flat = A.contiguous().reshape(-1)
+        library.dispatch(name, flat, packed, absmax, n, blocksize, threads=threads, group_size=size)
+    return packed.view(quant_storage).reshape(_formats.packed_4bit_shape(n, quant_storage)), absmax
+
+
+def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
+    n = out.numel()
+    if n:
+        threads = _checks.packed_4bit_bytes(n)  # one byte, two values, per thread
+        library.dispatch(
+            f"dequantize_4bit_{quant_type}_{SUFFIX[out.dtype]}",
+            _bytes(A),
+            absmax.contiguous(),
+            out,
+            n,
+            blocksize,
+            threads=threads,
+            group_size=min(threads, DEQUANT_THREADS),
+        )
+
+
+def dequantize_4bit(
+    A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
+    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
+    if ref := _fallback("dequantize_4bit", f"dequantize_4bit_{quant_type}_{SUFFIX[dtype]}"):
+        return ref(A, absmax, blocksize, quant_type, shape, dtype)
+    out = torch.empty(dims, dtype=dtype, device=A.device)
+    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out.view(-1))
+    return out
+
+
+def dequantize_4bit_out(
+    A: torch.Tensor,
+    absmax: torch.Tensor,
+    blocksize: int,
+    quant_type: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    out: torch.Tensor,
+) -> None:
+    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
+    _checks.out_tensor(out, dims, dtype, A.device)
+    if ref := _fallback("dequantize_4bit.out", f"dequantize_4bit_{quant_type}_{SUFFIX[dtype]}"):
+        return ref(A, absmax, blocksize, quant_type, shape, dtype, out)
+    _into(out, lambda flat: _dequantize_4bit_into(A, absmax, blocksize, quant_type, flat))
+
+
+# ------------------------------------------------------------------------------------------ matmul
+
+
+def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
+    """out[..., N] = A[..., K] @ W.T by the fused kernel (any M, N, K > 0); ``out`` flat and contiguous."""
+    M = A.numel() // K
+    library.dispatch(
+        f"gemv_4bit_{SUFFIX[A.dtype]}",
+        A.contiguous().reshape(-1),
+        _bytes(B),
+        absmax.contiguous(),
+        code.contiguous(),
+        out,
+        M,
+        N,
+        K,
+        blocksize,
+        threads=(_checks.n_blocks(N, GEMV_FEATURES) * GEMV_THREADS, _checks.n_blocks(M, GEMV_ROWS)),
+        group_size=(GEMV_THREADS, 1),
+    )
+
+
+def _gemv(A, B, N, K, absmax, code, blocksize, out) -> None:
+    if out.numel() == 0:
+        return
+    if K == 0:
+        out.zero_()
+        return
+    _into(out, lambda flat: _gemv_into(A, B, N, K, absmax, code, blocksize, flat))
+
+
+def gemv_4bit(
+    A: torch.Tensor, B: torch.Tensor, shapeB: Sequence[int], absmax: torch.Tensor, code: torch.Tensor, blocksize: int
+) -> torch.Tensor:
+    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
+    if ref := _fallback("gemv_4bit", f"gemv_4bit_{SUFFIX[A.dtype]}"):
+        return ref(A, B, shapeB, absmax, code, blocksize)
+    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
+    _gemv(A, B, N, K, absmax, code, blocksize, out)
+    return out
+
+
+def gemv_4bit_out(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    shapeB: Sequence[int],
+    absmax: torch.Tensor,
+    code: torch.Tensor,
+    blocksize: int,
+    out: torch.Tensor,
+) -> None:
+    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
+    _checks.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
+    if ref := _fallback("gemv_4bit.out", f"gemv_4bit_{SUFFIX[A.dtype]}"):
+        return ref(A, B, shapeB, absmax, code, blocksize, out)
+    _gemv(A, B, N, K, absmax, code, blocksize, out)
+
+
+def gemm_4bit(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    shapeB: Sequence[int],
+    absmax: torch.Tensor,
+    blocksize: int,
+    quant_type: str,
+    bias: torch.Tensor | None = None,
+    absmax_8bit: torch.Tensor | None = None,
+    absmax_code: torch.Tensor | None = None,
+    absmax_offset: torch.Tensor | None = None,
+) -> torch.Tensor:
+    N, K = check_gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
+    kernels = [f"dequantize_4bit_{quant_type}_{SUFFIX[A.dtype]}"]
+    if absmax_8bit is not None:
+        kernels.append("dequantize_blockwise_float")
+    if not all(library.has(k) for k in kernels):
+        return REFERENCE["gemm_4bit"](
+            A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset
+        )
+    if absmax_8bit is not None:
+        # Double quantization: the block scales back in float32, then the offset, as the reference.
+        scales = torch.empty(absmax_8bit.numel(), dtype=torch.float32, device=A.device)
+        _dequantize_blockwise_into(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, scales)
+        absmax = scales + absmax_offset.reshape(())
+    W = torch.empty((N, K), dtype=A.dtype, device=A.device)  # the reference's weight, rounded to A's dtype
+    _dequantize_4bit_into(B, absmax, blocksize, quant_type, W.view(-1))
+    if bias is None:
+        return torch.matmul(A, W.T)
+    return torch.nn.functional.linear(A, W, bias)
+
+
+# op name -> implementation (registered for "mps" by the plugin, for "cpu" by the emulated test plugin).
+OPS = {
+    "quantize_blockwise": quantize_blockwise,
+    "dequantize_blockwise": dequantize_blockwise,
+    "dequantize_blockwise.out": dequantize_blockwise_out,
+    "quantize_4bit": quantize_4bit,
+    "dequantize_4bit": dequantize_4bit,
+    "dequantize_4bit.out": dequantize_4bit_out,
+    "gemv_4bit": gemv_4bit,
+    "gemv_4bit.out": gemv_4bit_out,
+    "gemm_4bit": gemm_4bit,
+}
