@@ -1,0 +1,78 @@
+"""The Metal source of each kernel family as the compilers see it: the prelude, then ``metal/<source>``.
+
+Both loaders compile exactly this text: ``torch.mps.compile_shader`` at run time (and the emulator in the
+tests), and the CMake build on macOS (``python _assemble.py --out DIR`` writes one ``.metal`` per source,
+which ``xcrun metal`` turns into ``bitsandbytes.metallib``). Only the sources the tables name are
+assembled. Imports neither torch nor bitsandbytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+METAL_DIR = Path(__file__).parent / "metal"
+
+# bfloat arrived with MSL 3.1 (macOS 14). Kernel sources guard their bfloat code with `#if BNB_HAS_BFLOAT`
+# so that one source still compiles where it is missing; the bf16 kernels are then absent from the
+# library and their ops run on the reference. The emulator defines no __METAL_VERSION__ and has bfloat,
+# so it is told directly.
+PRELUDE = """\
+// --- bitsandbytes-mps prelude (bitsandbytes_mps/_assemble.py) ---
+#ifndef BNB_HAS_BFLOAT
+#if defined(__METAL_VERSION__) && __METAL_VERSION__ >= 310
+#define BNB_HAS_BFLOAT 1
+#else
+#define BNB_HAS_BFLOAT 0
+#endif
+#endif
+"""
+EMULATOR_DEFINES = "#define BNB_HAS_BFLOAT 1\n"
+
+
+def source_path(source: str) -> Path:
+    """The file of a table's ``source`` (``"int8.metal"``)."""
+    return METAL_DIR / source
+
+
+def assemble(source: str, *, emulated: bool = False) -> str:
+    """The compilable text of ``metal/<source>``; ``#line`` keeps compiler messages on the file's lines."""
+    path = source_path(source)
+    try:
+        body = path.read_text()
+    except OSError as e:
+        raise FileNotFoundError(f"Metal source {str(path)!r} cannot be read: {e.strerror}") from None
+    head = (EMULATOR_DEFINES if emulated else "") + PRELUDE
+    return f'{head}#line 1 "{source}"\n{body}'
+
+
+def sources() -> list[str]:
+    """The Metal sources the tables name, in table order."""
+    if __package__ in (None, ""):  # run as a script by CMake
+        sys.path.insert(0, str(Path(__file__).parent.parent))
+    from bitsandbytes_mps.tables import by_source
+
+    return list(by_source())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the assembled Metal sources (for xcrun metal).")
+    parser.add_argument("--out", required=True, type=Path, help="directory for <source>.metal files")
+    parser.add_argument("--list", action="store_true", help="only print the sources, one a line")
+    args = parser.parse_args(argv)
+    names = sources()
+    if args.list:
+        print("\n".join(names))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        target = args.out / name
+        text = assemble(name)
+        if not target.exists() or target.read_text() != text:  # keep timestamps: no needless rebuilds
+            target.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""The Metal kernels of this package, loaded once per process, and ``dispatch`` to run one of them.
+
+Load order, each step recording why it was passed over (``status()``, shown by ``python -m bitsandbytes``):
+
+1. ``bitsandbytes.metallib`` next to this file (built by the wheel's CMake on macOS) through
+   ``torch.mps.load_metallib``, when both exist and the library holds every kernel of the tables;
+2. else each ``metal/<source>`` (as ``_assemble.assemble`` gives it) through ``torch.mps.compile_shader``,
+   source by source, so one family that fails to compile leaves the others native;
+3. else nothing: that source's ops are not registered and the core's reference kernels serve them.
+
+In emulation (``use_emulator``; the tests) step 2 uses ``bitsandbytes.testing.emu.metal_library`` on the
+same assembled text, and tensors are CPU tensors. Kernels run on PyTorch's current MPS stream: nothing
+here synchronizes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import _assemble, tables
+from .tables import FLOAT_ELEMENTS, SCALAR_TYPES, Kernel
+
+__all__ = [
+    "METALLIB",
+    "KernelUnavailable",
+    "Status",
+    "dispatch",
+    "emulating",
+    "has",
+    "load",
+    "reset",
+    "status",
+    "use_emulator",
+]
+
+METALLIB = Path(__file__).parent / "bitsandbytes.metallib"
+_MAX_GROUP = 1024  # Apple GPUs: threads per threadgroup
+
+
+class KernelUnavailable(RuntimeError):
+    """A kernel of the tables is not in the loaded library (its source failed, or bfloat is missing)."""
+
+
+@dataclass
+class Status:
+    """How the kernels were loaded. ``sources`` maps each Metal source to the path that serves it
+    (``"metallib"``, ``"source"``, ``"emulated"`` or ``"reference"``); ``reasons`` says why a path was
+    passed over (key ``"metallib"`` or a source name); ``missing`` lists table kernels absent from a
+    loaded library (bfloat kernels where MSL < 3.1)."""
+
+    path: str = "not loaded"
+    sources: dict[str, str] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def native_sources(self) -> list[str]:
+        return [s for s, how in self.sources.items() if how != "reference"]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sources": dict(self.sources), "reasons": dict(self.reasons),
+                "missing": list(self.missing)}  # fmt: skip
+
+
+_lock = threading.Lock()
+_emulate = False
+_status: Status | None = None
+_kernels: dict[str, Any] = {}  # kernel name -> callable kernel of a loaded library
+
+
+def use_emulator(enabled: bool = True) -> bool:
+    """Load (and dispatch to) emulated kernels on CPU tensors instead of MPS; returns the old setting.
+    Switching forgets what was loaded."""
+    global _emulate
+    with _lock:
+        old, _emulate = _emulate, bool(enabled)
+        if old != _emulate:
+            _forget()
+    return old
+
+
+def emulating() -> bool:
+    return _emulate
+
+
+def _forget() -> None:
+    global _status
+    _status = None
+    _kernels.clear()
+
+
+def reset() -> None:
+    """Forget the loaded libraries, so that the next ``load()`` starts over (tests)."""
+    with _lock:
+        _forget()
+
+
+def _describe(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if len(text) > 400:
+        text = text[:400] + " ..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _lookup(library: Any, name: str) -> Any | None:
+    try:
+        return getattr(library, name)
+    except (AttributeError, RuntimeError, KeyError):
+        return None
+
+
+def _try_metallib(status: Status, wanted: dict[str, list[Kernel]]) -> bool:
+    import torch
+
+    loader = getattr(torch.mps, "load_metallib", None)
+    if not METALLIB.is_file():
+        status.reasons["metallib"] = f"no prebuilt {METALLIB.name} in the package (a source install)"
+        return False
+    if loader is None:
+        status.reasons["metallib"] = f"torch {torch.__version__} has no torch.mps.load_metallib"
+        return False
+    try:
+        library = loader(str(METALLIB))
+    except Exception as e:  # any failure means: try the source
+        status.reasons["metallib"] = f"torch.mps.load_metallib failed: {_describe(e)}"
+        return False
+    found = {k.name: _lookup(library, k.name) for ks in wanted.values() for k in ks}
+    absent = sorted(n for n, fn in found.items() if fn is None)
+    if absent:
+        # A stale or foreign metallib: the source is the truth.
+        some = ", ".join(absent[:5])
+        status.reasons["metallib"] = f"{METALLIB.name} lacks {len(absent)} kernels of the tables ({some})"
+        return False
+    _kernels.update(found)
+    for source in wanted:
+        status.sources[source] = "metallib"
+    return True
+
+
+def _compile_sources(status: Status, wanted: dict[str, list[Kernel]]) -> None:
+    if _emulate:
+        from bitsandbytes.testing import emu
+
+        def compile_one(source: str) -> Any:
+            return emu.metal_library(_assemble.assemble(source, emulated=True), filename=source)
+
+        how = "emulated"
+    else:
+        import torch
+
+        compiler = getattr(torch.mps, "compile_shader", None)
+        if compiler is None:
+            for source in wanted:
+                status.sources[source] = "reference"
+                status.reasons[source] = f"torch {torch.__version__} has no torch.mps.compile_shader (needs >= 2.7)"
+            return
+
+        def compile_one(source: str) -> Any:
+            return compiler(_assemble.assemble(source))
+
+        how = "source"
+    for source, kernels in wanted.items():
+        try:
+            library = compile_one(source)
+        except Exception as e:  # a family that does not compile runs on the reference
+            status.sources[source] = "reference"
+            status.reasons[source] = f"compiling {source} failed: {_describe(e)}"
+            continue
+        status.sources[source] = how
+        for k in kernels:
+            fn = _lookup(library, k.name)
+            if fn is None:
+                status.missing.append(k.name)
+            else:
+                _kernels[k.name] = fn
+
+
+def load() -> Status:
+    """Load every kernel source once per process (thread-safe); later calls return the same ``Status``."""
+    global _status
+    if _status is not None:
+        return _status
+    with _lock:
+        if _status is not None:
+            return _status
+        status = Status()
+        wanted = tables.by_source()
+        if _emulate or not _try_metallib(status, wanted):
+            _compile_sources(status, wanted)
+        native = status.native_sources
+        if not wanted:
+            status.path = "reference (the tables name no kernels)"
+        elif not native:
+            status.path = "reference"
+        elif len(native) < len(wanted):
+            status.path = f"{status.sources[native[0]]} (partly reference)"
+        else:
+            status.path = status.sources[native[0]]
+        _status = status
+        return status
+
+
+def status() -> Status:
+    """What ``load()`` did (loading now if nothing was loaded yet)."""
+    return load()
+
+
+def has(name: str) -> bool:
+    """Whether kernel ``name`` of the tables is loaded (after ``load()``); ``KeyError`` for unknown names."""
+    tables.get(name)
+    load()
+    return name in _kernels
+
+
+# ------------------------------------------------------------------------------------------ dispatch
+
+
+def _dims(value: Any, what: str, name: str) -> tuple[int, ...]:
+    dims = (value,) if isinstance(value, int) and not isinstance(value, bool) else value
+    if (
+        not isinstance(dims, (tuple, list))
+        or not 1 <= len(dims) <= 3
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)
+    ):
+        raise ValueError(f"kernel {name}: {what} must be a positive int or 1-3 positive ints, got {value!r}")
+    return tuple(dims)
+
+
+def _check_args(k: Kernel, args: tuple) -> tuple[list, dict[int, str]]:
+    """Check ``args`` against the table entry; returns the arguments to bind (ints given for float scalars
+    become floats: torch would bind them as int64) and torch's ``arg_casts`` for narrow scalars."""
+    import torch
+
+    if len(args) != len(k.params):
+        raise TypeError(f"kernel {k.name} takes {len(k.params)} arguments ({k.signature()}), got {len(args)}")
+    casts: dict[int, str] = {}
+    bound = list(args)
+    device = None
+    for i, (p, a) in enumerate(zip(k.params, args, strict=True)):
+        if p.is_buffer:
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"kernel {k.name}: argument {i} ({p}) must be a tensor, got {type(a).__name__}")
+            size = tables.ELEMENT_TYPES[p.element]
+            if p.element in FLOAT_ELEMENTS:
+                ok = a.dtype == {"float": torch.float32, "half": torch.float16, "bfloat": torch.bfloat16}[p.element]
+            else:
+                ok = size % a.element_size() == 0
+            if not ok:
+                raise TypeError(f"kernel {k.name}: argument {i} ({p}) cannot take a {a.dtype} tensor")
+            if not a.is_contiguous():
+                raise ValueError(f"kernel {k.name}: argument {i} ({p.name}) must be contiguous")
+            if a.numel() == 0:
+                raise ValueError(f"kernel {k.name}: argument {i} ({p.name}) is empty; Metal cannot bind it")
+            if device is None:
+                device = a.device
+            elif a.device != device:
+                raise ValueError(f"kernel {k.name}: argument {i} ({p.name}) is on {a.device}, others on {device}")
+        else:
+            kind, _, cast = SCALAR_TYPES[p.element]
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or (kind == "int" and isinstance(a, float)):
+                raise TypeError(f"kernel {k.name}: argument {i} ({p}) must be a Python {kind}, got {a!r}")
+            if kind == "float":
+                bound[i] = float(a)
+            elif not _INT_RANGE[p.element][0] <= a <= _INT_RANGE[p.element][1]:
+                raise ValueError(f"kernel {k.name}: argument {i} ({p}) is out of range: {a}")
+            if cast is not None:
+                casts[i] = cast
+    return bound, casts
+
+
+# Python ints bound to integer scalars: the range of the Metal type (bool as 0/1).
+_INT_RANGE = {
+    name: ((0, 1) if name == "bool" else (-(2 ** (8 * size - 1)), 2 ** (8 * size - 1) - 1))
+    if name in ("long", "int", "short", "char", "bool")
+    else (0, 2 ** (8 * size) - 1)
+    for name, (kind, size, _) in SCALAR_TYPES.items()
+    if kind == "int"
+}
+
+
+def dispatch(name: str, *args: Any, threads: int | tuple[int, ...], group_size: int | tuple[int, ...]) -> None:
+    """Run kernel ``name`` of the tables with ``args`` (tensors, Python ints and floats, in the table's
+    order) over ``threads`` threads in threadgroups of ``group_size`` (Metal's non-uniform dispatch: the
+    last threadgroup of a dimension may be short). Checks the arguments against the table first; queues
+    the kernel on the current MPS stream and returns without waiting.
+
+    Raises ``KernelUnavailable`` when the kernel is not loaded (callers check ``has`` and use the
+    reference), ``TypeError`` / ``ValueError`` naming the argument for a call that does not fit the table.
+    """
+    k = tables.get(name)
+    fn = _kernels.get(name)
+    if fn is None:
+        st = load()
+        fn = _kernels.get(name)
+        if fn is None:
+            why = st.reasons.get(k.source) or ("absent from the loaded library" if name in st.missing else st.path)
+            raise KernelUnavailable(f"kernel {name} of {k.source} is not loaded: {why}")
+    t = _dims(threads, "threads", name)
+    g = _dims(group_size, "group_size", name)
+    if len(t) != len(g):
+        raise ValueError(f"kernel {name}: threads {t} and group_size {g} must have the same number of dimensions")
+    total = 1
+    for d in g:
+        total *= d
+    if total > _MAX_GROUP:
+        raise ValueError(f"kernel {name}: group_size {g} has {total} threads; Apple GPUs allow at most {_MAX_GROUP}")
+    bound, casts = _check_args(k, args)
+    threads_arg = t[0] if len(t) == 1 else list(t)
+    group_arg = g[0] if len(g) == 1 else list(g)
+    if casts:
+        fn(*bound, threads=threads_arg, group_size=group_arg, arg_casts=casts)
+    else:
+        fn(*bound, threads=threads_arg, group_size=group_arg)
