@@ -360,7 +360,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
 // -------------------------------------------------------------------------------- instantiations
 
 // BEGIN GENERATED instances (python -m bitsandbytes_mps.tables.quant; do not edit)
-template [[host_name("quantize_blockwise_float")]] kernel void quantize_blockwise<float>(
+template [[host_name("quantize_blockwise_f32")]] kernel void quantize_blockwise<float>(
     device const float* A [[buffer(0)]],
     device const float* map_mids [[buffer(1)]],
     device const uchar* map_order [[buffer(2)]],
@@ -373,7 +373,7 @@ template [[host_name("quantize_blockwise_float")]] kernel void quantize_blockwis
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_blockwise_float")]] kernel void dequantize_blockwise<float>(
+template [[host_name("dequantize_blockwise_f32")]] kernel void dequantize_blockwise<float>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device const float* code [[buffer(2)]],
@@ -383,7 +383,7 @@ template [[host_name("dequantize_blockwise_float")]] kernel void dequantize_bloc
     uint gid [[thread_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint tg_size [[threads_per_threadgroup]]);
-template [[host_name("quantize_4bit_nf4_float")]] kernel void quantize_4bit<float, 0>(
+template [[host_name("quantize_4bit_nf4_f32")]] kernel void quantize_4bit<float, 0>(
     device const float* A [[buffer(0)]],
     device uchar* out [[buffer(1)]],
     device float* absmax [[buffer(2)]],
@@ -394,14 +394,14 @@ template [[host_name("quantize_4bit_nf4_float")]] kernel void quantize_4bit<floa
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_4bit_nf4_float")]] kernel void dequantize_4bit<float, 0>(
+template [[host_name("dequantize_4bit_nf4_f32")]] kernel void dequantize_4bit<float, 0>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device float* out [[buffer(2)]],
     constant long& n [[buffer(3)]],
     constant long& blocksize [[buffer(4)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("quantize_4bit_fp4_float")]] kernel void quantize_4bit<float, 1>(
+template [[host_name("quantize_4bit_fp4_f32")]] kernel void quantize_4bit<float, 1>(
     device const float* A [[buffer(0)]],
     device uchar* out [[buffer(1)]],
     device float* absmax [[buffer(2)]],
@@ -412,14 +412,14 @@ template [[host_name("quantize_4bit_fp4_float")]] kernel void quantize_4bit<floa
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_4bit_fp4_float")]] kernel void dequantize_4bit<float, 1>(
+template [[host_name("dequantize_4bit_fp4_f32")]] kernel void dequantize_4bit<float, 1>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device float* out [[buffer(2)]],
     constant long& n [[buffer(3)]],
     constant long& blocksize [[buffer(4)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("gemv_4bit_float")]] kernel void gemv_4bit<float>(
+template [[host_name("gemv_4bit_f32")]] kernel void gemv_4bit<float>(
     device const float* A [[buffer(0)]],
     device const uchar* B [[buffer(1)]],
     device const float* absmax [[buffer(2)]],
@@ -435,7 +435,7 @@ template [[host_name("gemv_4bit_float")]] kernel void gemv_4bit<float>(
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg_count [[simdgroups_per_threadgroup]]);
-template [[host_name("quantize_blockwise_half")]] kernel void quantize_blockwise<half>(
+template [[host_name("quantize_blockwise_f16")]] kernel void quantize_blockwise<half>(
     device const half* A [[buffer(0)]],
     device const float* map_mids [[buffer(1)]],
     device const uchar* map_order [[buffer(2)]],
@@ -448,7 +448,7 @@ template [[host_name("quantize_blockwise_half")]] kernel void quantize_blockwise
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_blockwise_half")]] kernel void dequantize_blockwise<half>(
+template [[host_name("dequantize_blockwise_f16")]] kernel void dequantize_blockwise<half>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device const float* code [[buffer(2)]],
@@ -458,7 +458,7 @@ template [[host_name("dequantize_blockwise_half")]] kernel void dequantize_block
     uint gid [[thread_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint tg_size [[threads_per_threadgroup]]);
-template [[host_name("quantize_4bit_nf4_half")]] kernel void quantize_4bit<half, 0>(
+template [[host_name("quantize_4bit_nf4_f16")]] kernel void quantize_4bit<half, 0>(
     device const half* A [[buffer(0)]],
     device uchar* out [[buffer(1)]],
     device float* absmax [[buffer(2)]],
@@ -469,14 +469,14 @@ template [[host_name("quantize_4bit_nf4_half")]] kernel void quantize_4bit<half,
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_4bit_nf4_half")]] kernel void dequantize_4bit<half, 0>(
+template [[host_name("dequantize_4bit_nf4_f16")]] kernel void dequantize_4bit<half, 0>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device half* out [[buffer(2)]],
     constant long& n [[buffer(3)]],
     constant long& blocksize [[buffer(4)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("quantize_4bit_fp4_half")]] kernel void quantize_4bit<half, 1>(
+template [[host_name("quantize_4bit_fp4_f16")]] kernel void quantize_4bit<half, 1>(
     device const half* A [[buffer(0)]],
     device uchar* out [[buffer(1)]],
     device float* absmax [[buffer(2)]],
@@ -487,14 +487,14 @@ template [[host_name("quantize_4bit_fp4_half")]] kernel void quantize_4bit<half,
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_4bit_fp4_half")]] kernel void dequantize_4bit<half, 1>(
+template [[host_name("dequantize_4bit_fp4_f16")]] kernel void dequantize_4bit<half, 1>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device half* out [[buffer(2)]],
     constant long& n [[buffer(3)]],
     constant long& blocksize [[buffer(4)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("gemv_4bit_half")]] kernel void gemv_4bit<half>(
+template [[host_name("gemv_4bit_f16")]] kernel void gemv_4bit<half>(
     device const half* A [[buffer(0)]],
     device const uchar* B [[buffer(1)]],
     device const float* absmax [[buffer(2)]],
@@ -511,7 +511,7 @@ template [[host_name("gemv_4bit_half")]] kernel void gemv_4bit<half>(
     uint lane [[thread_index_in_simdgroup]],
     uint sg_count [[simdgroups_per_threadgroup]]);
 #if BNB_HAS_BFLOAT
-template [[host_name("quantize_blockwise_bfloat")]] kernel void quantize_blockwise<bfloat>(
+template [[host_name("quantize_blockwise_bf16")]] kernel void quantize_blockwise<bfloat>(
     device const bfloat* A [[buffer(0)]],
     device const float* map_mids [[buffer(1)]],
     device const uchar* map_order [[buffer(2)]],
@@ -524,7 +524,7 @@ template [[host_name("quantize_blockwise_bfloat")]] kernel void quantize_blockwi
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_blockwise_bfloat")]] kernel void dequantize_blockwise<bfloat>(
+template [[host_name("dequantize_blockwise_bf16")]] kernel void dequantize_blockwise<bfloat>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device const float* code [[buffer(2)]],
@@ -534,7 +534,7 @@ template [[host_name("dequantize_blockwise_bfloat")]] kernel void dequantize_blo
     uint gid [[thread_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint tg_size [[threads_per_threadgroup]]);
-template [[host_name("quantize_4bit_nf4_bfloat")]] kernel void quantize_4bit<bfloat, 0>(
+template [[host_name("quantize_4bit_nf4_bf16")]] kernel void quantize_4bit<bfloat, 0>(
     device const bfloat* A [[buffer(0)]],
     device uchar* out [[buffer(1)]],
     device float* absmax [[buffer(2)]],
@@ -545,14 +545,14 @@ template [[host_name("quantize_4bit_nf4_bfloat")]] kernel void quantize_4bit<bfl
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_4bit_nf4_bfloat")]] kernel void dequantize_4bit<bfloat, 0>(
+template [[host_name("dequantize_4bit_nf4_bf16")]] kernel void dequantize_4bit<bfloat, 0>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device bfloat* out [[buffer(2)]],
     constant long& n [[buffer(3)]],
     constant long& blocksize [[buffer(4)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("quantize_4bit_fp4_bfloat")]] kernel void quantize_4bit<bfloat, 1>(
+template [[host_name("quantize_4bit_fp4_bf16")]] kernel void quantize_4bit<bfloat, 1>(
     device const bfloat* A [[buffer(0)]],
     device uchar* out [[buffer(1)]],
     device float* absmax [[buffer(2)]],
@@ -563,14 +563,14 @@ template [[host_name("quantize_4bit_fp4_bfloat")]] kernel void quantize_4bit<bfl
     uint tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]]);
-template [[host_name("dequantize_4bit_fp4_bfloat")]] kernel void dequantize_4bit<bfloat, 1>(
+template [[host_name("dequantize_4bit_fp4_bf16")]] kernel void dequantize_4bit<bfloat, 1>(
     device const uchar* A [[buffer(0)]],
     device const float* absmax [[buffer(1)]],
     device bfloat* out [[buffer(2)]],
     constant long& n [[buffer(3)]],
     constant long& blocksize [[buffer(4)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("gemv_4bit_bfloat")]] kernel void gemv_4bit<bfloat>(
+template [[host_name("gemv_4bit_bf16")]] kernel void gemv_4bit<bfloat>(
     device const bfloat* A [[buffer(0)]],
     device const uchar* B [[buffer(1)]],
     device const float* absmax [[buffer(2)]],

@@ -15,6 +15,7 @@ one fused kernel that reads each weight byte once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from math import prod
 
 import torch
 
@@ -38,15 +39,17 @@ from ..tables.quant import (
     QUANT_ITEMS,
     QUANT_MIN_THREADS,
 )
+from ._common import native, suffix
 
 __all__ = ["OPS"]
 
-SUFFIX = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+SOURCES = ("quant.metal",)
 
 
-def _fallback(op: str, kernel: str) -> Callable | None:
-    """The reference kernel of ``op`` when ``kernel`` is not loaded, else None."""
-    return None if library.has(kernel) else REFERENCE[op]
+def _fallback(op: str, kernel: str, threads: int = 0) -> Callable | None:
+    """The reference kernel of ``op`` when ``kernel`` is not loaded (or ``threads`` is past 32-bit
+    positions), else None."""
+    return None if native(kernel, threads) else REFERENCE[op]
 
 
 def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:
@@ -63,16 +66,6 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _into(out: torch.Tensor, fill: Callable[[torch.Tensor], None]) -> None:
-    """Run ``fill`` on a flat contiguous view of ``out`` (a temporary when ``out`` is strided)."""
-    if out.is_contiguous():
-        fill(out.view(-1))
-    else:
-        tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
-        fill(tmp.view(-1))
-        out.copy_(tmp)
-
-
 # ------------------------------------------------------------------------------------------- 8-bit
 
 
@@ -86,8 +79,8 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_blockwise(A, code, blocksize)
-    name = f"quantize_blockwise_{SUFFIX[A.dtype]}"
-    if ref := _fallback("quantize_blockwise", name):
+    name = f"quantize_blockwise_{suffix(A.dtype)}"
+    if ref := _fallback("quantize_blockwise", name, A.numel()):
         return ref(A, code, blocksize)
     n = A.numel()
     out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
@@ -104,7 +97,7 @@ def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
     n = A.numel()
     if n:
         library.dispatch(
-            f"dequantize_blockwise_{SUFFIX[out.dtype]}",
+            f"dequantize_blockwise_{suffix(out.dtype)}",
             _bytes(A),
             absmax.contiguous(),
             code.contiguous(),
@@ -120,7 +113,7 @@ def dequantize_blockwise(
     A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
 ) -> torch.Tensor:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    if ref := _fallback("dequantize_blockwise", f"dequantize_blockwise_{SUFFIX[dtype]}"):
+    if ref := _fallback("dequantize_blockwise", f"dequantize_blockwise_{suffix(dtype)}", A.numel()):
         return ref(A, absmax, code, blocksize, dtype)
     out = torch.empty(A.shape, dtype=dtype, device=A.device)
     _dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))
@@ -132,9 +125,9 @@ def dequantize_blockwise_out(
 ) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
     _checks.out_tensor(out, A.shape, dtype, A.device)
-    if ref := _fallback("dequantize_blockwise.out", f"dequantize_blockwise_{SUFFIX[dtype]}"):
+    if ref := _fallback("dequantize_blockwise.out", f"dequantize_blockwise_{suffix(dtype)}", A.numel()):
         return ref(A, absmax, code, blocksize, dtype, out)
-    _into(out, lambda flat: _dequantize_blockwise_into(A, absmax, code, blocksize, flat))
+    _dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))  # out_tensor: contiguous
 
 
 # ------------------------------------------------------------------------------------------- 4-bit
@@ -144,8 +137,8 @@ def quantize_4bit(
     A: torch.Tensor, blocksize: int, quant_type: str, quant_storage: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_4bit(A, blocksize, quant_type, quant_storage)
-    name = f"quantize_4bit_{quant_type}_{SUFFIX[A.dtype]}"
-    if ref := _fallback("quantize_4bit", name):
+    name = f"quantize_4bit_{quant_type}_{suffix(A.dtype)}"
+    if ref := _fallback("quantize_4bit", name, A.numel()):
         return ref(A, blocksize, quant_type, quant_storage)
     n = A.numel()
     # The kernel writes bytes; quant_storage is only a view of them.
@@ -163,7 +156,7 @@ def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
     if n:
         threads = _checks.packed_4bit_bytes(n)  # one byte, two values, per thread
         library.dispatch(
-            f"dequantize_4bit_{quant_type}_{SUFFIX[out.dtype]}",
+            f"dequantize_4bit_{quant_type}_{suffix(out.dtype)}",
             _bytes(A),
             absmax.contiguous(),
             out,
@@ -178,7 +171,7 @@ def dequantize_4bit(
     A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    if ref := _fallback("dequantize_4bit", f"dequantize_4bit_{quant_type}_{SUFFIX[dtype]}"):
+    if ref := _fallback("dequantize_4bit", f"dequantize_4bit_{quant_type}_{suffix(dtype)}", prod(dims)):
         return ref(A, absmax, blocksize, quant_type, shape, dtype)
     out = torch.empty(dims, dtype=dtype, device=A.device)
     _dequantize_4bit_into(A, absmax, blocksize, quant_type, out.view(-1))
@@ -196,19 +189,24 @@ def dequantize_4bit_out(
 ) -> None:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
     _checks.out_tensor(out, dims, dtype, A.device)
-    if ref := _fallback("dequantize_4bit.out", f"dequantize_4bit_{quant_type}_{SUFFIX[dtype]}"):
+    if ref := _fallback("dequantize_4bit.out", f"dequantize_4bit_{quant_type}_{suffix(dtype)}", prod(dims)):
         return ref(A, absmax, blocksize, quant_type, shape, dtype, out)
-    _into(out, lambda flat: _dequantize_4bit_into(A, absmax, blocksize, quant_type, flat))
+    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out.view(-1))
 
 
 # ------------------------------------------------------------------------------------------ matmul
+
+
+def _gemv_threads(N: int) -> int:
+    """Threads along x of a gemv launch: a threadgroup of GEMV_THREADS per GEMV_FEATURES output features."""
+    return _checks.n_blocks(N, GEMV_FEATURES) * GEMV_THREADS
 
 
 def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
     """out[..., N] = A[..., K] @ W.T by the fused kernel (any M, N, K > 0); ``out`` flat and contiguous."""
     M = A.numel() // K
     library.dispatch(
-        f"gemv_4bit_{SUFFIX[A.dtype]}",
+        f"gemv_4bit_{suffix(A.dtype)}",
         A.contiguous().reshape(-1),
         _bytes(B),
         absmax.contiguous(),
@@ -218,7 +216,7 @@ def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
         N,
         K,
         blocksize,
-        threads=(_checks.n_blocks(N, GEMV_FEATURES) * GEMV_THREADS, _checks.n_blocks(M, GEMV_ROWS)),
+        threads=(_gemv_threads(N), _checks.n_blocks(M, GEMV_ROWS)),
         group_size=(GEMV_THREADS, 1),
     )
 
@@ -229,14 +227,14 @@ def _gemv(A, B, N, K, absmax, code, blocksize, out) -> None:
     if K == 0:
         out.zero_()
         return
-    _into(out, lambda flat: _gemv_into(A, B, N, K, absmax, code, blocksize, flat))
+    _gemv_into(A, B, N, K, absmax, code, blocksize, out.view(-1))
 
 
 def gemv_4bit(
     A: torch.Tensor, B: torch.Tensor, shapeB: Sequence[int], absmax: torch.Tensor, code: torch.Tensor, blocksize: int
 ) -> torch.Tensor:
     N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    if ref := _fallback("gemv_4bit", f"gemv_4bit_{SUFFIX[A.dtype]}"):
+    if ref := _fallback("gemv_4bit", f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(N)):
         return ref(A, B, shapeB, absmax, code, blocksize)
     out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
     _gemv(A, B, N, K, absmax, code, blocksize, out)
@@ -254,7 +252,7 @@ def gemv_4bit_out(
 ) -> None:
     N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
     _checks.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
-    if ref := _fallback("gemv_4bit.out", f"gemv_4bit_{SUFFIX[A.dtype]}"):
+    if ref := _fallback("gemv_4bit.out", f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(N)):
         return ref(A, B, shapeB, absmax, code, blocksize, out)
     _gemv(A, B, N, K, absmax, code, blocksize, out)
 
@@ -272,10 +270,10 @@ def gemm_4bit(
     absmax_offset: torch.Tensor | None = None,
 ) -> torch.Tensor:
     N, K = check_gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
-    kernels = [f"dequantize_4bit_{quant_type}_{SUFFIX[A.dtype]}"]
+    kernels = [f"dequantize_4bit_{quant_type}_{suffix(A.dtype)}"]
     if absmax_8bit is not None:
-        kernels.append("dequantize_blockwise_float")
-    if not all(library.has(k) for k in kernels):
+        kernels.append("dequantize_blockwise_f32")
+    if not all(native(k, N * K) for k in kernels):
         return REFERENCE["gemm_4bit"](
             A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset
         )

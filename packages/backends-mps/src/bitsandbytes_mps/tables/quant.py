@@ -20,7 +20,7 @@ SOURCE = "quant.metal"
 SOURCE_PATH = Path(__file__).resolve().parent.parent / "metal" / SOURCE
 
 # Kernel-name suffix -> MSL element type of the floating-point tensors.
-ELEMENT_TYPES = {"float": "float", "half": "half", "bfloat": "bfloat"}
+ELEMENT_TYPES = {"f32": "float", "f16": "half", "bf16": "bfloat"}
 # bfloat needs MSL 3.1 (macOS 14): its instances are compiled only where the compiler has it (BNB_HAS_BFLOAT
 # is defined by the prelude of _assemble.py).
 BFLOAT_GUARD = "#if BNB_HAS_BFLOAT"
@@ -180,8 +180,8 @@ def _instance(host: str) -> str:
 def render_instances() -> str:
     """The explicit instantiation of every kernel of the table (bfloat ones behind BFLOAT_GUARD)."""
     templated = [h for h, inst in _INSTANCES.items() if inst[1]]  # plain kernels need no instance
-    plain = [_instance(h) for h in templated if not h.endswith("_bfloat")]
-    bf = [_instance(h) for h in templated if h.endswith("_bfloat")]
+    plain = [_instance(h) for h in templated if not h.endswith("_bf16")]
+    bf = [_instance(h) for h in templated if h.endswith("_bf16")]
     return "\n".join([*plain, BFLOAT_GUARD, *bf, "#endif"])
 
 
