@@ -14,6 +14,8 @@ using namespace metal;
 #define BNB_GEMV_ROWS 4
 #define BNB_GEMV_MAX_SIMDGROUPS 8
 
+// Position and size attributes of one kernel share a type (MSL rule): all uint, or all uint2 in gemv.
+
 // BEGIN GENERATED constants (python -m bitsandbytes_mps.tables.quant; do not edit)
 #define BNB_FIRST_VALUE_IN_HIGH_NIBBLE 1
 #define BNB_MIN_SCALE 9.99999935e-39f
@@ -26,6 +28,7 @@ constant float FP4_MIDPOINTS[15] = {-0.833333373f, -0.583333373f, -0.416666687f,
 constant uchar FP4_ORDER[16] = {11, 10, 13, 12, 15, 14, 9, 0, 8, 1, 6, 7, 4, 5, 2, 3};
 #define FP4_PAD_CODE 0u
 // END GENERATED constants
+static_assert(BNB_FIRST_VALUE_IN_HIGH_NIBBLE == 1, "the packing below puts the first value in the high nibble");
 
 // ---------------------------------------------------------------------------------------- helpers
 
@@ -273,7 +276,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
                       constant long& blocksize [[buffer(8)]],
                       uint2 tg [[threadgroup_position_in_grid]],
                       uint lid [[thread_index_in_threadgroup]],
-                      uint tg_size [[threads_per_threadgroup]],
+                      uint2 tg_size [[threads_per_threadgroup]],
                       uint sg [[simdgroup_index_in_threadgroup]],
                       uint lane [[thread_index_in_simdgroup]],
                       uint sg_count [[simdgroups_per_threadgroup]]) {
@@ -289,8 +292,8 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
 
   const long n0 = long(tg.x) * F;
   const long m0 = long(tg.y) * R;
-  const int feats = int(min(long(F), N - n0));  // uniform over the threadgroup
-  const int rows = int(min(long(R), M - m0));
+  const int feats = N - n0 < F ? int(N - n0) : F;  // uniform over the threadgroup
+  const int rows = M - m0 < R ? int(M - m0) : R;
   const uint shift = ctz(uint(blocksize));
   device const T* a0 = A + m0 * K;
   float acc[F][R];
@@ -298,7 +301,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
     for (int r = 0; r < R; ++r) acc[f][r] = 0.0f;
 
   if ((K & 1) == 0) {
-    for (long k = 2 * long(lid); k < K; k += 2 * long(tg_size)) {
+    for (long k = 2 * long(lid); k < K; k += 2 * long(tg_size.x)) {
       float w[F][2];
       for (int f = 0; f < F; ++f) {
         if (f < feats) {
@@ -319,7 +322,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
       }
     }
   } else {
-    for (long k = long(lid); k < K; k += long(tg_size)) {
+    for (long k = long(lid); k < K; k += long(tg_size.x)) {
       float w[F];
       for (int f = 0; f < F; ++f) {
         if (f < feats) {
@@ -431,7 +434,7 @@ template [[host_name("gemv_4bit_f32")]] kernel void gemv_4bit<float>(
     constant long& blocksize [[buffer(8)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
-    uint tg_size [[threads_per_threadgroup]],
+    uint2 tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg_count [[simdgroups_per_threadgroup]]);
@@ -506,7 +509,7 @@ template [[host_name("gemv_4bit_f16")]] kernel void gemv_4bit<half>(
     constant long& blocksize [[buffer(8)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
-    uint tg_size [[threads_per_threadgroup]],
+    uint2 tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg_count [[simdgroups_per_threadgroup]]);
@@ -582,7 +585,7 @@ template [[host_name("gemv_4bit_bf16")]] kernel void gemv_4bit<bfloat>(
     constant long& blocksize [[buffer(8)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
-    uint tg_size [[threads_per_threadgroup]],
+    uint2 tg_size [[threads_per_threadgroup]],
     uint sg [[simdgroup_index_in_threadgroup]],
     uint lane [[thread_index_in_simdgroup]],
     uint sg_count [[simdgroups_per_threadgroup]]);

@@ -54,7 +54,7 @@ _POSITIONS = {
     "gemv_4bit": (
         ("uint2", "tg", "threadgroup_position_in_grid"),
         ("uint", "lid", "thread_index_in_threadgroup"),
-        ("uint", "tg_size", "threads_per_threadgroup"),
+        ("uint2", "tg_size", "threads_per_threadgroup"),
         ("uint", "sg", "simdgroup_index_in_threadgroup"),
         ("uint", "lane", "thread_index_in_simdgroup"),
         ("uint", "sg_count", "simdgroups_per_threadgroup"),
