@@ -148,8 +148,12 @@ def test_4bit_constants_are_the_formats(quant_type):
     pad_code = REFERENCE["quantize_4bit"](torch.ones(1), 32, quant_type, torch.uint8)[0].item() & 0xF
     assert pad and int(pad.group(1)) == pad_code
     assert re.search(rf"#define BNB_FIRST_VALUE_IN_HIGH_NIBBLE {int(_formats.FIRST_VALUE_IN_HIGH_NIBBLE)}\b", text)
-    min_scale = re.search(r"#define BNB_MIN_SCALE (\S+)\n", text).group(1)
-    assert _f32_bits(min_scale) == struct.unpack("<I", struct.pack("<f", _formats.MIN_SCALE))[0]
+    min_scale = torch.tensor(_formats.MIN_SCALE, dtype=torch.float32)
+    literal = re.search(r"#define BNB_MIN_SCALE (\S+)\n", text).group(1)
+    assert _f32_bits(literal) == min_scale.view(torch.int32).item()
+    assert int(re.search(r"#define BNB_MIN_SCALE_BITS (0x[0-9a-f]+)u", text).group(1), 16) == _f32_bits(literal)
+    inv = re.search(r"#define BNB_INV_MIN_SCALE (\S+)\n", text).group(1)
+    assert _f32_bits(inv) == (1.0 / min_scale).view(torch.int32).item()  # the reference's float32 reciprocal
 
 
 def test_table_matches_the_kernel_signatures():
@@ -325,6 +329,16 @@ def test_4bit_all_zero_block(quant_type):
 @pytest.mark.parametrize("storage", QUANT_STORAGE_DTYPES, ids=dtype_id)
 def test_4bit_quant_storage(storage):
     check_4bit(randn((8, 32), torch.float16, seed_of("st", storage)), 64, "nf4", storage=storage)
+
+
+def test_blocks_below_min_scale(code):
+    """Blocks whose absmax is under MIN_SCALE (subnormal values, signed zeros) in a full and the short
+    last block: the kernels' bit-decided tiny-block path gives the reference's codes."""
+    tiny = torch.tensor([1e-39, -3e-39, 0.0, -0.0, 5e-40, 1e-45, -1e-45, 2e-39])
+    A = torch.cat([tiny.repeat(8), tiny[:5], torch.zeros(64 - 5 - 64 % 64), -tiny[:7]])
+    check_blockwise(A, code, 64)
+    for quant_type in QUANT_TYPES:
+        check_4bit(A, 64, quant_type)
 
 
 @pytest.mark.parametrize("shape", empty_shapes(), ids=str)

@@ -19,6 +19,8 @@ using namespace metal;
 // BEGIN GENERATED constants (python -m bitsandbytes_mps.tables.quant; do not edit)
 #define BNB_FIRST_VALUE_IN_HIGH_NIBBLE 1
 #define BNB_MIN_SCALE 9.99999935e-39f
+#define BNB_MIN_SCALE_BITS 0x006ce3eeu
+#define BNB_INV_MIN_SCALE 1.00000007e+38f
 constant float NF4_TABLE[16] = {-1.0f, -0.696192801f, -0.525073051f, -0.394917488f, -0.284441382f, -0.18477343f, -0.0910500363f, 0.0f, 0.0795802996f, 0.160930201f, 0.246112302f, 0.337915242f, 0.440709829f, 0.562617004f, 0.722956836f, 1.0f};
 constant float NF4_MIDPOINTS[15] = {-0.848096371f, -0.610632896f, -0.45999527f, -0.33967942f, -0.234607399f, -0.137911737f, -0.0455250181f, 0.0397901498f, 0.120255247f, 0.203521252f, 0.292013764f, 0.389312536f, 0.501663446f, 0.64278692f, 0.861478448f};
 constant uchar NF4_ORDER[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -59,16 +61,22 @@ inline uint group_max(uint m, uint group, uint lid, uint sg, uint lane, threadgr
 }
 
 // Scaling into [-1, 1] as the reference: a full block multiplies by the reciprocal of max(absmax,
-// MIN_SCALE), the short last block divides by it. NaN stays NaN (absmax < MIN_SCALE is false for NaN).
+// MIN_SCALE), the short last block divides by it. NaN stays NaN. MIN_SCALE is subnormal, so "absmax <
+// MIN_SCALE" (0 for an all-zero block) is decided on the bits and its reciprocal is a generated (normal)
+// constant: a GPU that flushes subnormals would otherwise see 0 < 0 and scale zeros by 1 / 0.
 struct BlockScale {
   float clamped, inv;
-  bool full;
+  bool full, tiny;
   BlockScale(float absmax, bool full_block) {
-    clamped = absmax < BNB_MIN_SCALE ? BNB_MIN_SCALE : absmax;
-    inv = precise::divide(1.0f, clamped);
+    tiny = magnitude_bits(absmax) < BNB_MIN_SCALE_BITS;
+    clamped = tiny ? BNB_MIN_SCALE : absmax;
+    inv = tiny ? BNB_INV_MIN_SCALE : precise::divide(1.0f, absmax);
     full = full_block;
   }
-  float operator()(float x) const { return full ? x * inv : precise::divide(x, clamped); }
+  float operator()(float x) const {
+    if (full) return x * inv;
+    return (tiny && x == 0.0f) ? x : precise::divide(x, clamped);  // +-0 / MIN_SCALE is +-0
+  }
 };
 
 inline float clamp_unit(float s) { return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s); }

@@ -152,7 +152,11 @@ def render_constants() -> str:
     from bitsandbytes import _formats
 
     lines = [f"#define BNB_FIRST_VALUE_IN_HIGH_NIBBLE {int(_formats.FIRST_VALUE_IN_HIGH_NIBBLE)}"]
-    lines.append(f"#define BNB_MIN_SCALE {_f32(_formats.MIN_SCALE)}")
+    min_scale = torch.tensor(_formats.MIN_SCALE, dtype=torch.float32)
+    lines.append(f"#define BNB_MIN_SCALE {_f32(min_scale.item())}")
+    lines.append(f"#define BNB_MIN_SCALE_BITS {min_scale.view(torch.int32).item():#010x}u")
+    # The reference's reciprocal for blocks below MIN_SCALE, computed as it does (float32 division).
+    lines.append(f"#define BNB_INV_MIN_SCALE {_f32((1.0 / min_scale).item())}")
     for qt in _formats.QUANT_TYPES:
         table = _formats.code_table(qt).float()
         by_value, order = torch.sort(table, stable=True)
