@@ -390,6 +390,7 @@ GEMV_CASES = [
     ((3, 96), 9, 32),
     ((6, 160), 6, 4096),  # M > rows per threadgroup; one block of scales spans every row
     ((5, 200), 3, 128),  # blocks of scales end mid-row
+    ((4, 204), 6, 128),  # even K, K % 8 != 0: the byte-pair path
     ((2, 1, 33), 5, 64),  # odd K: every other row starts on a low nibble
     ((37,), 3, 32),  # 1-D A, odd K
     ((1, 1), 1, 32),  # a single weight
@@ -410,9 +411,24 @@ def test_gemv_4bit(dispatched, dtype, quant_type, a_shape, N, blocksize):
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
 
-def test_gemv_float32_is_the_reference_up_to_summation_order():
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gemv_misaligned_weight_view(dtype):
+    """A weight whose bytes start at an odd offset cannot be read as words: the byte path (the sums come
+    in another order, so the same values up to the matmul bound)."""
+    N, K = 6, 128
+    packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
+    view = torch.cat([packed.new_zeros(1, 1), packed])[1:]  # contiguous, storage offset 1
+    assert quant.gemv_reads_words(quant._bytes(packed), K) and not quant.gemv_reads_words(quant._bytes(view), K)
+    A = rand((2, K), dtype, seed=2)
+    out = quant.gemv_4bit(A, view, [N, K], absmax, code_of("nf4"), 64)
+    assert_matmul_close(out, REFERENCE["gemv_4bit"](A, packed, [N, K], absmax, code_of("nf4"), 64), A, W64)
+    assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
+
+
+@pytest.mark.parametrize("K", [136, 130, 131], ids=["words", "pairs", "odd"])
+def test_gemv_float32_is_the_reference_up_to_summation_order(K):
     """With float32 weights and integer-valued A, every partial sum is exact: any order gives the same bits."""
-    N, K = 6, 130
+    N = 6
     packed, absmax, _ = quantized(N, K, 32, "nf4", seed=12)
     absmax = torch.full_like(absmax, 16.0)  # weights k / 8 * 16: small integers
     A = torch.randint(-3, 4, (2, K), generator=torch.Generator().manual_seed(0)).float()

@@ -269,8 +269,12 @@ kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
 // and c its nibble (the reference's weight, rounded to A's dtype), accumulated in float32 with fma.
 // Threadgroup (x, y) computes BNB_GEMV_FEATURES features for BNB_GEMV_ROWS rows of A; its threads
 // (at most BNB_GEMV_MAX_SIMDGROUPS SIMD-groups) split K, so each weight byte is read once and every value
-// of A loaded serves all the threadgroup's features. Even K: rows start on a byte, a thread takes the
-// pair k, k + 1 (one byte per feature). Odd K: rows start mid-byte every other row, a thread takes one k.
+// of A loaded serves all the threadgroup's features. Three paths, uniform per launch:
+//   words (K % 8 == 0 and B 4-byte aligned, decided by the host): a thread takes 8 weights of each
+//     feature per step, one 32-bit load (a SIMD-group reads 128 contiguous bytes of a row); 8 weights
+//     never straddle a block of scales (block sizes >= 32), so one scale per load;
+//   even K: rows start on a byte, a thread takes the pair k, k + 1 (one byte per feature);
+//   odd K: rows start mid-byte every other row, a thread takes one k.
 // Then simd_sum per (feature, row) and a fixed-order sum over the SIMD-groups.
 template <typename T>
 kernel void gemv_4bit(device const T* A [[buffer(0)]],
@@ -282,6 +286,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
                       constant long& N [[buffer(6)]],
                       constant long& K [[buffer(7)]],
                       constant long& blocksize [[buffer(8)]],
+                      constant long& words [[buffer(9)]],
                       uint2 tg [[threadgroup_position_in_grid]],
                       uint lid [[thread_index_in_threadgroup]],
                       uint2 tg_size [[threads_per_threadgroup]],
@@ -308,7 +313,33 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
   for (int f = 0; f < F; ++f)
     for (int r = 0; r < R; ++r) acc[f][r] = 0.0f;
 
-  if ((K & 1) == 0) {
+  if (words != 0) {
+    device const uint* B32 = reinterpret_cast<device const uint*>(B);
+    for (long k = 8 * long(lid); k < K; k += 8 * long(tg_size.x)) {
+      float w[F][8];
+      for (int f = 0; f < F; ++f) {
+        if (f < feats) {
+          const long i = (n0 + f) * K + k;  // a multiple of 8: word i / 8, one block of scales
+          const uint q = B32[i >> 3];
+          const float s = absmax[i >> shift];
+          for (int j = 0; j < 4; ++j) {  // byte j of the little-endian word is byte j in memory
+            const uint byte = (q >> (8 * j)) & 0xffu;
+            w[f][2 * j] = float(T(table[byte >> 4] * s));
+            w[f][2 * j + 1] = float(T(table[byte & 0xfu] * s));
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          float x[8];
+          for (int j = 0; j < 8; ++j) x[j] = float(a0[r * K + k + j]);
+          for (int f = 0; f < F; ++f)
+            if (f < feats)
+              for (int j = 0; j < 8; ++j) acc[f][r] = fma(w[f][j], x[j], acc[f][r]);
+        }
+      }
+    }
+  } else if ((K & 1) == 0) {
     for (long k = 2 * long(lid); k < K; k += 2 * long(tg_size.x)) {
       float w[F][2];
       for (int f = 0; f < F; ++f) {
@@ -440,6 +471,7 @@ template [[host_name("gemv_4bit_f32")]] kernel void gemv_4bit<float>(
     constant long& N [[buffer(6)]],
     constant long& K [[buffer(7)]],
     constant long& blocksize [[buffer(8)]],
+    constant long& words [[buffer(9)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint2 tg_size [[threads_per_threadgroup]],
@@ -515,6 +547,7 @@ template [[host_name("gemv_4bit_f16")]] kernel void gemv_4bit<half>(
     constant long& N [[buffer(6)]],
     constant long& K [[buffer(7)]],
     constant long& blocksize [[buffer(8)]],
+    constant long& words [[buffer(9)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint2 tg_size [[threads_per_threadgroup]],
@@ -591,6 +624,7 @@ template [[host_name("gemv_4bit_bf16")]] kernel void gemv_4bit<bfloat>(
     constant long& N [[buffer(6)]],
     constant long& K [[buffer(7)]],
     constant long& blocksize [[buffer(8)]],
+    constant long& words [[buffer(9)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint2 tg_size [[threads_per_threadgroup]],

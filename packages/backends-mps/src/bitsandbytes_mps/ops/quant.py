@@ -202,13 +202,21 @@ def _gemv_threads(N: int) -> int:
     return _checks.n_blocks(N, GEMV_FEATURES) * GEMV_THREADS
 
 
+def gemv_reads_words(Bb: torch.Tensor, K: int) -> bool:
+    """Whether gemv may load the weight's bytes as 32-bit words: whole words per row (K % 8 == 0) and a
+    word-aligned binding (torch binds a tensor's buffer at its storage offset)."""
+    return K % 8 == 0 and Bb.storage_offset() % 4 == 0
+
+
 def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
     """out[..., N] = A[..., K] @ W.T by the fused kernel (any M, N, K > 0); ``out`` flat and contiguous."""
     M = A.numel() // K
+    Bb = _bytes(B)
+    words = int(gemv_reads_words(Bb, K))
     library.dispatch(
         f"gemv_4bit_{suffix(A.dtype)}",
         A.contiguous().reshape(-1),
-        _bytes(B),
+        Bb,
         absmax.contiguous(),
         code.contiguous(),
         out,
@@ -216,6 +224,7 @@ def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
         N,
         K,
         blocksize,
+        words,
         threads=(_gemv_threads(N), _checks.n_blocks(M, GEMV_ROWS)),
         group_size=(GEMV_THREADS, 1),
     )

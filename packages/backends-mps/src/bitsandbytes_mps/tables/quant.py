@@ -124,6 +124,7 @@ for _sfx, _t in ELEMENT_TYPES.items():
             ("N", "constant long&"),
             ("K", "constant long&"),
             ("blocksize", "constant long&"),
+            ("words", "constant long&"),
         ),
     )
 
