@@ -165,6 +165,7 @@ def test_geometry_constants_match_the_kernel_source():
     text = source_text()
     for macro, value in (
         ("BNB_QUANT_ITEMS", table.QUANT_ITEMS),
+        ("BNB_DEQUANT_ITEMS", table.DEQUANT_ITEMS),
         ("BNB_GEMV_FEATURES", table.GEMV_FEATURES),
         ("BNB_GEMV_ROWS", table.GEMV_ROWS),
     ):

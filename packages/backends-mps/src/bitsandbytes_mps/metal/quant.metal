@@ -10,6 +10,7 @@
 using namespace metal;
 
 #define BNB_QUANT_ITEMS 8
+#define BNB_DEQUANT_ITEMS 8
 #define BNB_GEMV_FEATURES 4
 #define BNB_GEMV_ROWS 4
 #define BNB_GEMV_MAX_SIMDGROUPS 8
@@ -175,8 +176,9 @@ kernel void quantize_blockwise(device const T* A [[buffer(0)]],
   for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k) out[p.i + k] = order[slot256(mids, clamp_unit(scale(v[k])))];
 }
 
-// out[i] = code[A[i]] * absmax[i / blocksize] in float32, rounded once to T. One value per thread (a
-// SIMD-group reads 32 consecutive bytes); the map sits in threadgroup memory. Any threadgroup size.
+// out[i] = code[A[i]] * absmax[i / blocksize] in float32, rounded once to T. A thread writes
+// BNB_DEQUANT_ITEMS consecutive values (all in one block: block sizes are >= 32), so one scale load and
+// the threadgroup's copy of the map serve many values. Any threadgroup size.
 template <typename T>
 kernel void dequantize_blockwise(device const uchar* A [[buffer(0)]],
                                  device const float* absmax [[buffer(1)]],
@@ -190,9 +192,10 @@ kernel void dequantize_blockwise(device const uchar* A [[buffer(0)]],
   threadgroup float table[256];
   for (uint t = lid; t < 256; t += tg_size) table[t] = code[t];
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (long(gid) >= n) return;
-  const uint shift = ctz(uint(blocksize));
-  out[gid] = T(table[A[gid]] * absmax[gid >> shift]);
+  const long i0 = long(gid) * BNB_DEQUANT_ITEMS;
+  if (i0 >= n) return;
+  const float s = absmax[i0 >> ctz(uint(blocksize))];
+  for (int k = 0; k < BNB_DEQUANT_ITEMS && i0 + k < n; ++k) out[i0 + k] = T(table[A[i0 + k]] * s);
 }
 
 // ------------------------------------------------------------------------------------------- 4-bit
@@ -246,8 +249,8 @@ kernel void quantize_4bit(device const T* A [[buffer(0)]],
   }
 }
 
-// out[2j], out[2j + 1] = table[nibbles of byte j] * absmax[block] in float32, rounded once to T. One
-// byte per thread (both values share a block: block sizes are even). Any threadgroup size.
+// out[i] = table[nibble i] * absmax[i / blocksize] in float32, rounded once to T. A thread decodes
+// BNB_DEQUANT_ITEMS / 2 consecutive bytes (BNB_DEQUANT_ITEMS values, all in one block), one scale load.
 template <typename T, int QT>
 kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
                             device const float* absmax [[buffer(1)]],
@@ -255,12 +258,14 @@ kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
                             constant long& n [[buffer(3)]],
                             constant long& blocksize [[buffer(4)]],
                             uint gid [[thread_position_in_grid]]) {
-  const long i = 2 * long(gid);
-  if (i >= n) return;
-  const uint byte = A[gid];
-  const float s = absmax[i >> ctz(uint(blocksize))];
-  out[i] = T(value4<QT>(byte >> 4) * s);
-  if (i + 1 < n) out[i + 1] = T(value4<QT>(byte & 0xfu) * s);
+  const long i0 = long(gid) * BNB_DEQUANT_ITEMS;
+  if (i0 >= n) return;
+  const float s = absmax[i0 >> ctz(uint(blocksize))];
+  for (int k = 0; k < BNB_DEQUANT_ITEMS && i0 + k < n; k += 2) {
+    const uint byte = A[(i0 + k) / 2];
+    out[i0 + k] = T(value4<QT>(byte >> 4) * s);
+    if (i0 + k + 1 < n) out[i0 + k + 1] = T(value4<QT>(byte & 0xfu) * s);
+  }
 }
 
 // -------------------------------------------------------------------------------------------- gemv

@@ -32,6 +32,7 @@ from bitsandbytes._reference import REFERENCE
 
 from .. import library
 from ..tables.quant import (
+    DEQUANT_ITEMS,
     DEQUANT_THREADS,
     GEMV_FEATURES,
     GEMV_ROWS,
@@ -59,6 +60,12 @@ def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:
     size = max(QUANT_MIN_THREADS, group)
     groups = _checks.n_blocks(_checks.n_blocks(n, blocksize), size // group)
     return groups * size, size
+
+
+def dequantize_geometry(n: int) -> tuple[int, int]:
+    """(threads, group_size) of a dequantizer: DEQUANT_ITEMS consecutive values per thread (n > 0)."""
+    threads = _checks.n_blocks(n, DEQUANT_ITEMS)
+    return threads, min(threads, DEQUANT_THREADS)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -96,6 +103,7 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
 def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
     n = A.numel()
     if n:
+        threads, size = dequantize_geometry(n)
         library.dispatch(
             f"dequantize_blockwise_{suffix(out.dtype)}",
             _bytes(A),
@@ -104,8 +112,8 @@ def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
             out,
             n,
             blocksize,
-            threads=n,
-            group_size=min(n, DEQUANT_THREADS),
+            threads=threads,
+            group_size=size,
         )
 
 
@@ -154,7 +162,7 @@ def quantize_4bit(
 def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
     n = out.numel()
     if n:
-        threads = _checks.packed_4bit_bytes(n)  # one byte, two values, per thread
+        threads, size = dequantize_geometry(n)
         library.dispatch(
             f"dequantize_4bit_{quant_type}_{suffix(out.dtype)}",
             _bytes(A),
@@ -163,7 +171,7 @@ def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
             n,
             blocksize,
             threads=threads,
-            group_size=min(threads, DEQUANT_THREADS),
+            group_size=size,
         )
 
 

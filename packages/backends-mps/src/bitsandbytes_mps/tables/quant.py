@@ -30,6 +30,7 @@ FORMATS = {"nf4": 0, "fp4": 1}
 # Launch geometry shared by the kernels and ops/quant.py (a test reads the #defines of quant.metal).
 QUANT_ITEMS = 8  # values per thread in the quantizers (BNB_QUANT_ITEMS)
 QUANT_MIN_THREADS = 256  # least threads per threadgroup of the quantizers
+DEQUANT_ITEMS = 8  # values per thread in the dequantizers (BNB_DEQUANT_ITEMS)
 DEQUANT_THREADS = 256  # threads per threadgroup of the dequantizers
 GEMV_FEATURES = 4  # output features per gemv threadgroup (BNB_GEMV_FEATURES)
 GEMV_ROWS = 4  # rows of A per gemv threadgroup (BNB_GEMV_ROWS)
