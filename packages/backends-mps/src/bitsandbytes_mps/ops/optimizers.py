@@ -49,7 +49,7 @@ def _groups(items: int, device: torch.device) -> int:
 
 def _unused(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A one-element stand-in bound where a kernel takes a buffer the call does not use (never read)."""
-    return torch.zeros(1, dtype=dtype, device=device)
+    return torch.empty(1, dtype=dtype, device=device)
 
 
 def _hyper(beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale) -> list[float]:
