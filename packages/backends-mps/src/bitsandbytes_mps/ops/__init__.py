@@ -1,0 +1,65 @@
+"""The op implementations for device ``mps``: one module per kernel family, each with ``OPS`` and ``SOURCES``.
+
+``OPS`` maps an op name of the ``bitsandbytes`` library (``"int8_vectorwise_quant"``, or an overload such
+as ``"int8_linear_matmul.out"``) to its function; ``SOURCES`` names the Metal sources its kernels come
+from. A module's ops are registered only when all its sources loaded (``library.status()``); otherwise
+the core's reference kernels keep serving them. The functions validate with the core's ``_ops.check_*``,
+allocate outputs on the input's device, compute the launch sizes and call ``library.dispatch``; they never
+look at the device type, so the emulated test plugin registers the very same functions for ``cpu``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from types import ModuleType
+
+__all__ = ["REGISTERED", "all_ops", "modules", "native_ops", "register_all"]
+
+# (op, device type) -> function, as registered in this process.
+REGISTERED: dict[tuple[str, str], Callable] = {}
+
+
+def modules() -> list[ModuleType]:
+    """The family modules, by name."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if not info.name.startswith("_"):
+            found.append(importlib.import_module(f"{__name__}.{info.name}"))
+    return found
+
+
+def all_ops() -> dict[str, Callable]:
+    """Every family module's ``OPS``, merged; a name in two modules is an error."""
+    found: dict[str, Callable] = {}
+    for module in modules():
+        for op, fn in getattr(module, "OPS", {}).items():
+            if op in found:
+                raise ValueError(f"op {op!r} is implemented in two modules of bitsandbytes_mps.ops")
+            found[op] = fn
+    return found
+
+
+def native_ops() -> dict[str, Callable]:
+    """The ops whose module's Metal sources all loaded (loading them if needed)."""
+    from .. import library
+
+    loaded = set(library.load().native_sources)
+    ops: dict[str, Callable] = {}
+    for module in modules():
+        if set(getattr(module, "SOURCES", ())) <= loaded:
+            ops.update(getattr(module, "OPS", {}))
+    return ops
+
+
+def register_all(device_type: str = "mps") -> dict[str, Callable]:
+    """Register the native ops for ``device_type`` (``"cpu"`` only for emulation); idempotent. Returns them."""
+    import torch
+
+    ops = native_ops()
+    for op, fn in ops.items():
+        if (op, device_type) not in REGISTERED:
+            torch.library.register_kernel(f"bitsandbytes::{op}", device_type)(fn)
+            REGISTERED[(op, device_type)] = fn
+    return ops

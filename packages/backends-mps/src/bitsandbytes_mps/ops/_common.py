@@ -1,0 +1,38 @@
+"""Helpers shared by the op modules: kernel-name suffixes per dtype, launch sizes, placeholder buffers."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import library
+
+__all__ = ["GROUP", "SUFFIX", "elementwise", "native", "placeholder", "suffix"]
+
+# torch dtype -> the suffix the tables give a kernel instantiated for it
+SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+GROUP = 256  # threads per threadgroup for the elementwise kernels: 8 SIMD-groups
+# Kernels index with a 32-bit thread position: larger launches stay on the reference.
+MAX_THREADS = 2**32 - 1
+
+
+def suffix(dtype: torch.dtype) -> str:
+    try:
+        return SUFFIX[dtype]
+    except KeyError:
+        raise TypeError(f"no Metal kernel for dtype {dtype}; expected one of {', '.join(map(str, SUFFIX))}") from None
+
+
+def native(name: str, threads: int = 0) -> bool:
+    """Whether kernel ``name`` is loaded (a bfloat kernel is not where MSL < 3.1) and ``threads`` fits."""
+    return threads <= MAX_THREADS and library.has(name)
+
+
+def elementwise(n: int) -> tuple[int, int]:
+    """(threads, group_size) for one lane per element of ``n`` (n > 0); the short last group is Metal's."""
+    return n, min(n, GROUP)
+
+
+def placeholder(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A one-element buffer for an optional argument that is absent (Metal cannot bind nothing)."""
+    return torch.zeros(1, dtype=dtype, device=device)

@@ -1,0 +1,65 @@
+"""The ``Backend`` object the core finds through the ``bitsandbytes.backends`` entry point (``mps``).
+
+``is_available()``: torch sees an MPS device. ``load()`` loads the Metal kernels once (``library.load``:
+prebuilt metallib, else the sources through ``torch.mps.compile_shader``, else none) and registers for
+``mps`` the ops whose kernels loaded; every other op stays on the core's reference kernels, which run on
+the MPS device through torch. ``diagnostics()`` says which load path won and why the others did not.
+Importing this module registers nothing and loads nothing.
+"""
+
+from __future__ import annotations
+
+import platform
+
+from bitsandbytes.backends import Backend
+
+__all__ = ["backend"]
+
+
+def _is_available() -> bool:
+    import torch
+
+    return bool(torch.backends.mps.is_available())
+
+
+def _load() -> None:
+    from . import ops
+
+    ops.register_all("mps")
+
+
+def _macos() -> str:
+    version = platform.mac_ver()[0]
+    return f"{version} ({platform.machine()})" if version else f"not macOS ({platform.system()})"
+
+
+def _diagnostics() -> dict:
+    import torch
+
+    from . import __version__, library, ops, tables
+
+    st = library.status()
+    kernels = tables.all_kernels()
+    native = ops.native_ops()
+    info = {
+        "version": __version__,
+        "kernels loaded from": st.path,
+        "macOS": _macos(),
+        "torch": torch.__version__,
+        "torch.mps.compile_shader": hasattr(torch.mps, "compile_shader"),
+        "torch.mps.load_metallib": hasattr(torch.mps, "load_metallib"),
+        "metallib": str(library.METALLIB) if library.METALLIB.is_file() else "not in this install",
+        "kernels": f"{sum(library.has(k) for k in kernels)} of {len(kernels)}",
+        "ops on Metal kernels": ", ".join(sorted(native)) or "none",
+        "ops on the reference": ", ".join(sorted(set(ops.all_ops()) - set(native))) or "none",
+    }
+    for source, how in st.sources.items():
+        info[f"source {source}"] = how
+    for what, reason in st.reasons.items():
+        info[f"why not {'the metallib' if what == 'metallib' else what}"] = reason
+    if st.missing:
+        info["kernels absent from the library"] = ", ".join(st.missing)
+    return info
+
+
+backend = Backend("mps", ["mps"], api_version="1.0", load=_load, is_available=_is_available, diagnostics=_diagnostics)
