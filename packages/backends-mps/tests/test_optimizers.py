@@ -302,6 +302,47 @@ def test_32bit_small_sizes(n, max_unorm):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
+def test_without_the_kernel_the_reference_serves(monkeypatch):
+    """Where a kernel is not loaded (bf16 below MSL 3.1, a source that failed), the op is the reference's."""
+    called = []
+    monkeypatch.setattr(ops, "native", lambda name, threads=0: called.append(name) and False)
+    monkeypatch.setattr(ops, "dispatch", lambda *a, **k: pytest.fail("dispatched without a loaded kernel"))
+    n = OPTIMIZER_BLOCKSIZE + 1
+    qmap1, qmap2 = MAPS["dynamic"]
+    p, st = torch.randn(n), _state8("adam", n, 1, qmap1, qmap2)
+    ref_p, ref = p.clone(), _clone(st)
+    g = _grad(n, torch.bfloat16, 2).float()
+    _run8(ops.optimizer_update_8bit_blockwise, "adam", g, p, st, qmap1, qmap2, 1)
+    _run8(REF8, "adam", g, ref_p, ref, qmap1, qmap2, 1)
+    assert called == ["optimizer_8bit_blockwise_f32"] and torch.equal(p, ref_p) and torch.equal(st[0], ref[0])
+    st32, ref32 = _state32("lamb", n, 3), None
+    ref32, p32 = _clone(st32), p.clone()
+    _run32(ops.optimizer_update_32bit, "lamb", g, p, st32, 1, max_unorm=1.0)
+    _run32(REF32, "lamb", g, p32, ref32, 1, max_unorm=1.0)
+    assert torch.equal(p, p32) and torch.equal(st32[2], ref32[2])
+
+
+def test_dispatch_binds_lists_as_constant_arrays():
+    """hyper / config go as Python lists (torch binds float32 / int64 arrays); the dispatcher checks them."""
+    with pytest.raises(TypeError, match="config"):
+        library.dispatch("optimizer_32bit_norm_total", torch.zeros(2), torch.zeros(1), [1.0, 0.0],
+                         threads=256, group_size=256)  # fmt: skip
+    with pytest.raises(TypeError, match="config"):
+        library.dispatch("optimizer_32bit_norm_total", torch.zeros(2), torch.zeros(1), [], threads=256, group_size=256)
+    unorm = torch.zeros(1)
+    library.dispatch("optimizer_32bit_norm_total", torch.tensor([1.0, 2.0]), unorm, [1, 1], threads=256,
+                     group_size=256)  # fmt: skip
+    assert unorm.item() == 3.0
+
+
+def test_ops_are_registered_with_their_source():
+    from bitsandbytes_mps.ops import all_ops
+
+    assert ops.SOURCES == (table.SOURCE,)
+    assert all_ops()["optimizer_update_8bit_blockwise"] is ops.optimizer_update_8bit_blockwise
+    assert all_ops()["optimizer_update_32bit"] is ops.optimizer_update_32bit
+
+
 def test_bad_arguments_raise_the_reference_errors_before_writing():
     n = 2 * OPTIMIZER_BLOCKSIZE
     g, p = torch.randn(n), torch.randn(n)
@@ -343,5 +384,5 @@ def test_bfloat_kernels_are_guarded():
     source = _assemble.source_path(table.SOURCE).read_text()
     guarded = source[source.index("#if BNB_HAS_BFLOAT") :]
     for k in table.KERNELS:
-        if k.name.endswith("_bfloat"):
+        if k.name.endswith("_bf16"):
             assert f'host_name("{k.name}")' in guarded and f'host_name("{k.name}")' not in source[: -len(guarded)]

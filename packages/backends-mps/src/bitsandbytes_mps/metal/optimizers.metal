@@ -367,42 +367,42 @@ kernel void optimizer_8bit_blockwise(device const T* g [[buffer(0)]],
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Instantiations: host names <kernel>_<float|half|bfloat> (tables/optimizers.py lists them). bfloat needs
+// Instantiations: host names <kernel>_<f32|f16|bf16> (tables/optimizers.py lists them). bfloat needs
 // MSL 3.1 (macOS 14); BNB_HAS_BFLOAT (the prelude of _assemble.py) keeps the library compiling where it
 // is missing, the bf16 ops then run on the reference.
 
-template [[host_name("optimizer_32bit_norm_float")]] kernel void optimizer_32bit_norm<float>(
+template [[host_name("optimizer_32bit_norm_f32")]] kernel void optimizer_32bit_norm<float>(
     device const float* g [[buffer(0)]], device const float* state1 [[buffer(1)]],
     device const float* state2 [[buffer(2)]], device float* partials [[buffer(3)]],
     constant float* hyper [[buffer(4)]], constant long* config [[buffer(5)]],
     uint gid [[thread_position_in_grid]], uint group [[threadgroup_position_in_grid]],
     uint groups [[threadgroups_per_grid]], uint lid [[thread_index_in_threadgroup]]);
-template [[host_name("optimizer_32bit_norm_half")]] kernel void optimizer_32bit_norm<half>(
+template [[host_name("optimizer_32bit_norm_f16")]] kernel void optimizer_32bit_norm<half>(
     device const half* g [[buffer(0)]], device const float* state1 [[buffer(1)]],
     device const float* state2 [[buffer(2)]], device float* partials [[buffer(3)]],
     constant float* hyper [[buffer(4)]], constant long* config [[buffer(5)]],
     uint gid [[thread_position_in_grid]], uint group [[threadgroup_position_in_grid]],
     uint groups [[threadgroups_per_grid]], uint lid [[thread_index_in_threadgroup]]);
 
-template [[host_name("optimizer_32bit_float")]] kernel void optimizer_32bit<float>(
+template [[host_name("optimizer_32bit_f32")]] kernel void optimizer_32bit<float>(
     device const float* g [[buffer(0)]], device float* p [[buffer(1)]], device float* state1 [[buffer(2)]],
     device float* state2 [[buffer(3)]], device const float* unorm [[buffer(4)]],
     constant float* hyper [[buffer(5)]], constant long* config [[buffer(6)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("optimizer_32bit_half")]] kernel void optimizer_32bit<half>(
+template [[host_name("optimizer_32bit_f16")]] kernel void optimizer_32bit<half>(
     device const half* g [[buffer(0)]], device half* p [[buffer(1)]], device float* state1 [[buffer(2)]],
     device float* state2 [[buffer(3)]], device const float* unorm [[buffer(4)]],
     constant float* hyper [[buffer(5)]], constant long* config [[buffer(6)]],
     uint gid [[thread_position_in_grid]]);
 
-template [[host_name("optimizer_8bit_blockwise_float")]] kernel void optimizer_8bit_blockwise<float>(
+template [[host_name("optimizer_8bit_blockwise_f32")]] kernel void optimizer_8bit_blockwise<float>(
     device const float* g [[buffer(0)]], device float* p [[buffer(1)]], device uchar* state1 [[buffer(2)]],
     device uchar* state2 [[buffer(3)]], device float* absmax1 [[buffer(4)]], device float* absmax2 [[buffer(5)]],
     device const float* qmap1 [[buffer(6)]], device const float* qmap2 [[buffer(7)]],
     constant float* hyper [[buffer(8)]], constant long* config [[buffer(9)]],
     uint group [[threadgroup_position_in_grid]], uint groups [[threadgroups_per_grid]],
     uint t [[thread_index_in_threadgroup]]);
-template [[host_name("optimizer_8bit_blockwise_half")]] kernel void optimizer_8bit_blockwise<half>(
+template [[host_name("optimizer_8bit_blockwise_f16")]] kernel void optimizer_8bit_blockwise<half>(
     device const half* g [[buffer(0)]], device half* p [[buffer(1)]], device uchar* state1 [[buffer(2)]],
     device uchar* state2 [[buffer(3)]], device float* absmax1 [[buffer(4)]], device float* absmax2 [[buffer(5)]],
     device const float* qmap1 [[buffer(6)]], device const float* qmap2 [[buffer(7)]],
@@ -411,18 +411,18 @@ template [[host_name("optimizer_8bit_blockwise_half")]] kernel void optimizer_8b
     uint t [[thread_index_in_threadgroup]]);
 
 #if BNB_HAS_BFLOAT
-template [[host_name("optimizer_32bit_norm_bfloat")]] kernel void optimizer_32bit_norm<bfloat>(
+template [[host_name("optimizer_32bit_norm_bf16")]] kernel void optimizer_32bit_norm<bfloat>(
     device const bfloat* g [[buffer(0)]], device const float* state1 [[buffer(1)]],
     device const float* state2 [[buffer(2)]], device float* partials [[buffer(3)]],
     constant float* hyper [[buffer(4)]], constant long* config [[buffer(5)]],
     uint gid [[thread_position_in_grid]], uint group [[threadgroup_position_in_grid]],
     uint groups [[threadgroups_per_grid]], uint lid [[thread_index_in_threadgroup]]);
-template [[host_name("optimizer_32bit_bfloat")]] kernel void optimizer_32bit<bfloat>(
+template [[host_name("optimizer_32bit_bf16")]] kernel void optimizer_32bit<bfloat>(
     device const bfloat* g [[buffer(0)]], device bfloat* p [[buffer(1)]], device float* state1 [[buffer(2)]],
     device float* state2 [[buffer(3)]], device const float* unorm [[buffer(4)]],
     constant float* hyper [[buffer(5)]], constant long* config [[buffer(6)]],
     uint gid [[thread_position_in_grid]]);
-template [[host_name("optimizer_8bit_blockwise_bfloat")]] kernel void optimizer_8bit_blockwise<bfloat>(
+template [[host_name("optimizer_8bit_blockwise_bf16")]] kernel void optimizer_8bit_blockwise<bfloat>(
     device const bfloat* g [[buffer(0)]], device bfloat* p [[buffer(1)]], device uchar* state1 [[buffer(2)]],
     device uchar* state2 [[buffer(3)]], device float* absmax1 [[buffer(4)]], device float* absmax2 [[buffer(5)]],
     device const float* qmap1 [[buffer(6)]], device const float* qmap2 [[buffer(7)]],

@@ -16,17 +16,21 @@ import math
 import torch
 
 from bitsandbytes import _ops
+from bitsandbytes._reference import optimizers as _reference
 
-from ..tables.optimizers import THREADS
+from ..library import dispatch, emulating
+from ..tables.optimizers import SOURCE, THREADS
+from ._common import native, placeholder, suffix
 
-__all__ = ["OPS", "optimizer_update_8bit_blockwise", "optimizer_update_32bit"]
+__all__ = ["OPS", "SOURCES", "optimizer_update_8bit_blockwise", "optimizer_update_32bit"]
+
+SOURCES = (SOURCE,)
 
 # Rule numbers and flag bits of optimizers.metal (lamb steps like adam, lars like momentum).
 _RULE = {"adam": 0, "lamb": 0, "ademamix": 1, "momentum": 2, "lars": 2, "rmsprop": 3, "adagrad": 4, "lion": 5}
 _ADAM, _ADEMAMIX, _ADAGRAD, _LION = 0, 1, 4, 5
 _ONE_STATE = ("momentum", "lars", "rmsprop", "adagrad", "lion")
 _WEIGHT_DECAY, _SKIP_ZEROS, _FIRST_STEP, _SCALE_BY_UNORM = 1, 2, 4, 8
-_SUFFIX = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
 assert _ops.OPTIMIZER_BLOCKSIZE == THREADS, "the 8-bit kernel runs one thread per state of a block"
 
 # Threadgroups that stride over the data when there is more than this many blocks of work: enough to fill
@@ -36,20 +40,9 @@ _GROUPS_CAP = 1024
 _EMULATED_GROUPS_CAP = 4
 
 
-def _launch(name: str, *args, threads: int, group_size: int) -> None:
-    from ..library import dispatch
-
-    dispatch(name, *args, threads=threads, group_size=group_size)
-
-
-def _groups(items: int, device: torch.device) -> int:
+def _groups(items: int) -> int:
     """Threadgroups for ``items`` units of THREADS elements (at least one)."""
-    return max(1, min(items, _GROUPS_CAP if device.type == "mps" else _EMULATED_GROUPS_CAP))
-
-
-def _unused(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A one-element stand-in bound where a kernel takes a buffer the call does not use (never read)."""
-    return torch.empty(1, dtype=dtype, device=device)
+    return max(1, min(items, _EMULATED_GROUPS_CAP if emulating() else _GROUPS_CAP))
 
 
 def _hyper(beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale) -> list[float]:
@@ -93,35 +86,41 @@ def optimizer_update_32bit(
         weight_decay, step, lr, gnorm_scale, skip_zeros,
     )  # fmt: skip
     n = p.numel()
+    sfx = suffix(g.dtype)
+    if not (native(f"optimizer_32bit_{sfx}", n) and (max_unorm <= 0.0 or native(f"optimizer_32bit_norm_{sfx}"))):
+        return _reference.optimizer_update_32bit(
+            optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2, beta3, alpha, eps,
+            weight_decay, step, lr, gnorm_scale, skip_zeros,
+        )  # fmt: skip
     rule = _RULE[optimizer_name]
     dev = p.device
-    sfx = _SUFFIX[g.dtype]
     hyper = _hyper(beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale)
     flags = _flags(weight_decay, step, skip_zeros)
-    s2 = state2 if rule in (_ADAM, _ADEMAMIX) else _unused(torch.float32, dev)
+    s2 = state2 if rule in (_ADAM, _ADEMAMIX) else placeholder(dev)
     if max_unorm > 0.0:
         if n == 0:
             unorm_vec.zero_()  # the reference's sum over no elements
             return
         # Pass 1: partial sums, read-only; pass 2 adds them up. Lion scales by the norm its previous step
         # stored, so its new total is written only after the step; the others scale by this step's norm.
-        groups = _groups(-(n // -THREADS), dev)
+        groups = _groups(-(n // -THREADS))
         partials = torch.empty(2 * groups, dtype=torch.float32, device=dev)
-        _launch(f"optimizer_32bit_norm_{sfx}", g, state1, s2, partials, [*hyper, 1.0 - beta1**step,
-                1.0 - beta2**step], [rule, flags, n], threads=groups * THREADS, group_size=THREADS)  # fmt: skip
+        norm_hyper = [*hyper, 1.0 - beta1**step, 1.0 - beta2**step]
+        dispatch(f"optimizer_32bit_norm_{sfx}", g, state1, s2, partials, norm_hyper, [rule, flags, n],
+                 threads=groups * THREADS, group_size=THREADS)  # fmt: skip
         total = ("optimizer_32bit_norm_total", partials, unorm_vec, [groups, int(rule == _ADEMAMIX)])
         if rule != _LION:
-            _launch(*total, threads=THREADS, group_size=THREADS)
+            dispatch(*total, threads=THREADS, group_size=THREADS)
         # adagrad and ademamix never scale their update (upstream quirks the reference keeps).
         if rule not in (_ADAGRAD, _ADEMAMIX):
             flags |= _SCALE_BY_UNORM
     if n:
         limit = max_unorm * param_norm + (eps if optimizer_name in _ONE_STATE else 0.0)
-        unorm = unorm_vec if flags & _SCALE_BY_UNORM else _unused(torch.float32, dev)
-        _launch(f"optimizer_32bit_{sfx}", g, p, state1, s2, unorm, [*hyper, limit], [rule, flags, n],
-                threads=n, group_size=min(n, THREADS))  # fmt: skip
+        unorm = unorm_vec if flags & _SCALE_BY_UNORM else placeholder(dev)
+        dispatch(f"optimizer_32bit_{sfx}", g, p, state1, s2, unorm, [*hyper, limit], [rule, flags, n],
+                 threads=n, group_size=min(n, THREADS))  # fmt: skip
     if max_unorm > 0.0 and rule == _LION:
-        _launch(*total, threads=THREADS, group_size=THREADS)
+        dispatch(*total, threads=THREADS, group_size=THREADS)
 
 
 @torch.no_grad()
@@ -153,6 +152,13 @@ def optimizer_update_8bit_blockwise(
     n = p.numel()
     if n == 0:
         return
+    groups = _groups(-(n // -THREADS))
+    name = f"optimizer_8bit_blockwise_{suffix(g.dtype)}"
+    if not native(name, groups * THREADS):
+        return _reference.optimizer_update_8bit_blockwise(
+            optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
+            absmax2, weight_decay, gnorm_scale, skip_zeros,
+        )  # fmt: skip
     dev = p.device
     two = _RULE[optimizer_name] in (_ADAM, _ADEMAMIX)
     # The kernel takes dense buffers; absmax may be a strided view (written back below), qmap any layout.
@@ -163,12 +169,10 @@ def optimizer_update_8bit_blockwise(
         if q2.data_ptr() == q1.data_ptr():  # one map for both states: bind two buffers, not one twice
             q2 = q2.clone()
     else:
-        s2, a2, q2 = _unused(torch.uint8, dev), _unused(torch.float32, dev), _unused(torch.float32, dev)
+        s2, a2, q2 = placeholder(dev, torch.uint8), placeholder(dev), placeholder(dev)
     hyper = _hyper(beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale)
     config = [_RULE[optimizer_name], _flags(weight_decay, step, skip_zeros), n]
-    groups = _groups(-(n // -THREADS), dev)
-    _launch(f"optimizer_8bit_blockwise_{_SUFFIX[g.dtype]}", g, p, state1, s2, a1, a2, q1, q2, hyper, config,
-            threads=groups * THREADS, group_size=THREADS)  # fmt: skip
+    dispatch(name, g, p, state1, s2, a1, a2, q1, q2, hyper, config, threads=groups * THREADS, group_size=THREADS)
     if a1.data_ptr() != absmax1.data_ptr():
         absmax1.copy_(a1.view(absmax1.shape))
     if two and a2.data_ptr() != absmax2.data_ptr():
