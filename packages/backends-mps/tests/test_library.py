@@ -1,0 +1,288 @@
+"""The loader, its fallbacks and the diagnostics, on Linux: only torch's MPS entry points are faked.
+
+``torch.mps.compile_shader`` is faked by the emulator compiling the same source (``__METAL_VERSION__``
+set as a Mac's compiler would), ``torch.mps.load_metallib`` by fakes that fail or return an emulated
+library, ``torch.backends.mps.is_available`` by a constant.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from bitsandbytes._reference import int8 as reference
+from bitsandbytes.testing import emu
+from bitsandbytes_mps import _assemble, library, ops, plugin, tables
+from bitsandbytes_mps.ops import int8 as mps_int8
+
+SOURCES = list(tables.by_source())
+BF16 = sorted(k for k in tables.all_kernels() if k.endswith("_bf16"))
+
+
+class FakeCompiler:
+    """torch.mps.compile_shader as a Mac with the given Metal language version would run it."""
+
+    def __init__(self, metal_version: int = 310, fail: str | None = None):
+        self.metal_version, self.fail, self.calls = metal_version, fail, 0
+
+    def __call__(self, source: str):
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return emu.metal_library(_preprocess(source, self.metal_version), filename="fake.metal")
+
+
+def _preprocess(source: str, metal_version: int) -> str:
+    """The source after Apple's preprocessor with ``__METAL_VERSION__`` set: the emulator reads host names
+    before preprocessing, so an `#if`-ed out instance would still be exported there. ``#include`` lines are
+    kept for the emulator's own headers."""
+    hidden = source.replace("#include", "BNB_KEEP_INCLUDE")
+    cxx = shutil.which("g++") or shutil.which("clang++") or pytest.skip("no C preprocessor (g++ or clang++)")
+    done = subprocess.run([cxx, "-E", "-P", "-x", "c++", f"-D__METAL_VERSION__={metal_version}", "-"],
+                          input=hidden, capture_output=True, text=True, check=True)  # fmt: skip
+    return done.stdout.replace("BNB_KEEP_INCLUDE", "#include")
+
+
+def _full_library():
+    """An emulated library holding every kernel of the tables (what a good metallib loads as)."""
+    assert len(SOURCES) == 1, "a metallib stand-in for several sources needs one library per source"
+    return emu.metal_library(_assemble.assemble(SOURCES[0], emulated=True), filename="fake.metallib")
+
+
+@pytest.fixture
+def mac(monkeypatch, tmp_path):
+    """A fresh loader on a pretend Mac: compile_shader compiles with MSL 3.1, no metallib installed."""
+    emu.skip_unless_available()
+    old = library.use_emulator(False)
+    library.reset()
+    compiler = FakeCompiler()
+    monkeypatch.setattr(torch.mps, "compile_shader", compiler, raising=False)
+    monkeypatch.delattr(torch.mps, "load_metallib", raising=False)
+    monkeypatch.setattr(library, "METALLIB", tmp_path / "bitsandbytes.metallib")
+    yield compiler
+    library.use_emulator(old)
+    library.reset()
+
+
+def _metallib_file():
+    library.METALLIB.write_bytes(b"MTLB fake")
+
+
+def _check_int8_ops_match_reference(dtype=torch.float16):
+    A = torch.randn(5, 70, dtype=dtype)
+    A[1, 3] = 9.0
+    got = mps_int8.int8_vectorwise_quant(A, 6.0)
+    want = reference.int8_vectorwise_quant(A, 6.0)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_source_wins_without_a_metallib(mac):
+    st = library.load()
+    assert st.path == "source"
+    assert st.sources == dict.fromkeys(SOURCES, "source")
+    assert "no prebuilt bitsandbytes.metallib" in st.reasons["metallib"]
+    assert st.missing == []
+    assert all(library.has(k) for k in tables.all_kernels())
+    _check_int8_ops_match_reference(torch.bfloat16)
+    assert mac.calls == len(SOURCES)
+
+
+def test_loaded_once_per_process(mac):
+    for _ in range(3):
+        library.load()
+        _check_int8_ops_match_reference()
+    assert mac.calls == len(SOURCES)
+    library.reset()
+    library.load()
+    assert mac.calls == 2 * len(SOURCES)
+
+
+def test_msl_before_3_1_drops_only_the_bfloat_kernels(mac):
+    mac.metal_version = 300
+    st = library.load()
+    assert st.path == "source"
+    assert sorted(st.missing) == BF16
+    assert not any(library.has(k) for k in BF16)
+    assert set(mps_int8.OPS) <= set(ops.native_ops())  # fp16/fp32 stay native
+    _check_int8_ops_match_reference(torch.bfloat16)  # bf16 runs on the reference: same result
+    _check_int8_ops_match_reference(torch.float16)
+
+
+def test_metallib_without_torch_loader_falls_back_to_source(mac):
+    _metallib_file()
+    st = library.load()
+    assert st.path == "source"
+    assert "has no torch.mps.load_metallib" in st.reasons["metallib"]
+
+
+def test_metallib_that_fails_to_load_falls_back_to_source(mac, monkeypatch):
+    _metallib_file()
+
+    def broken(path):
+        raise RuntimeError("Failed to create library: bad magic")
+
+    monkeypatch.setattr(torch.mps, "load_metallib", broken, raising=False)
+    st = library.load()
+    assert st.path == "source"
+    assert "load_metallib failed: RuntimeError: Failed to create library: bad magic" in st.reasons["metallib"]
+
+
+def test_stale_metallib_falls_back_to_source(mac, monkeypatch):
+    _metallib_file()
+    stale = emu.metal_library(
+        "#include <metal_stdlib>\nusing namespace metal;\nkernel void old(device float* x [[buffer(0)]]) {}\n"
+    )
+    monkeypatch.setattr(torch.mps, "load_metallib", lambda path: stale, raising=False)
+    st = library.load()
+    assert st.path == "source"
+    assert f"lacks {len(tables.all_kernels())} kernels" in st.reasons["metallib"]
+
+
+def test_good_metallib_wins_and_nothing_compiles(mac, monkeypatch):
+    _metallib_file()
+    seen = []
+    full = _full_library()
+    monkeypatch.setattr(torch.mps, "load_metallib", lambda path: seen.append(path) or full, raising=False)
+    mac.fail = "compile_shader must not run when the metallib loads"
+    st = library.load()
+    assert st.path == "metallib"
+    assert seen == [str(library.METALLIB)]
+    assert mac.calls == 0 and st.reasons == {}
+    _check_int8_ops_match_reference()
+
+
+def test_source_that_fails_to_compile_leaves_the_reference(mac):
+    mac.fail = "program_source:12:3: error: use of undeclared identifier 'simd_max'"
+    st = library.load()
+    assert st.path == "reference"
+    assert "undeclared identifier 'simd_max'" in st.reasons[SOURCES[0]]
+    assert ops.native_ops() == {}
+    assert not library.has("int8_row_quant_f16")
+    with pytest.raises(library.KernelUnavailable, match="undeclared identifier"):
+        library.dispatch("int8_vectorwise_dequant", torch.ones(1, dtype=torch.int8), torch.ones(1),
+                         torch.empty(1), 1.0, 1, 1, threads=1, group_size=1)  # fmt: skip
+    _check_int8_ops_match_reference()  # an op called anyway takes the reference
+
+
+def test_torch_without_compile_shader_leaves_the_reference(mac, monkeypatch):
+    monkeypatch.delattr(torch.mps, "compile_shader")
+    st = library.load()
+    assert st.path == "reference"
+    assert "has no torch.mps.compile_shader (needs >= 2.7)" in st.reasons[SOURCES[0]]
+
+
+def test_the_hot_path_never_synchronizes(mac, monkeypatch):
+    def forbidden():
+        raise AssertionError("synchronize called in the hot path")
+
+    monkeypatch.setattr(torch.mps, "synchronize", forbidden)
+    library.load()
+    mps_int8.int8_vectorwise_dequant(torch.ones(3, 4, dtype=torch.int8), torch.ones(3))
+    mps_int8.int8_mm_dequant(torch.ones(3, 4, dtype=torch.int32), torch.ones(3), torch.ones(4), bias=torch.ones(4))
+    mps_int8.int8_vectorwise_quant(torch.randn(3, 40, dtype=torch.float16))
+
+
+# ------------------------------------------------------------------------------------------- plugin
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_is_available_follows_torch(monkeypatch, available):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: available)
+    assert plugin.backend.is_available() is available
+
+
+def test_load_registers_the_native_ops_for_mps(mac, monkeypatch):
+    seen = []
+    monkeypatch.setattr(ops, "register_all", lambda device_type="mps": seen.append(device_type))
+    plugin.backend.load()
+    assert seen == ["mps"]
+
+
+def test_diagnostics_say_which_path_won_and_why(mac):
+    _metallib_file()
+    info = plugin.backend.diagnostics()
+    assert info["kernels loaded from"] == "source"
+    assert info["torch"] == torch.__version__
+    assert info["torch.mps.compile_shader"] is True and info["torch.mps.load_metallib"] is False
+    assert "has no torch.mps.load_metallib" in info["why not the metallib"]
+    assert info["kernels"] == f"{len(tables.all_kernels())} of {len(tables.all_kernels())}"
+    assert set(info["ops on Metal kernels"].split(", ")) == set(ops.all_ops())
+    assert info["ops on the reference"] == "none"
+    assert "macOS" in info
+
+
+def test_diagnostics_when_nothing_compiles(mac):
+    mac.fail = "error: unknown type name 'bfloat'"
+    info = plugin.backend.diagnostics()
+    assert info["kernels loaded from"] == "reference"
+    assert info["ops on Metal kernels"] == "none"
+    assert "unknown type name 'bfloat'" in info[f"why not {SOURCES[0]}"]
+    assert info[f"source {SOURCES[0]}"] == "reference"
+
+
+def test_diagnostics_list_absent_bfloat_kernels(mac):
+    mac.metal_version = 300
+    info = plugin.backend.diagnostics()
+    assert sorted(info["kernels absent from the library"].split(", ")) == BF16
+
+
+# ----------------------------------------------------------------------------------------- dispatch
+
+
+def _dequant_args(**change):
+    args = {"A": torch.ones(2, 3, dtype=torch.int8), "stats": torch.ones(2), "out": torch.empty(2, 3),
+            "scale": 0.5, "cols": 3, "n": 6}  # fmt: skip
+    args.update(change)
+    return list(args.values())
+
+
+def test_dispatch_runs_the_kernel(emulated):
+    args = _dequant_args()
+    library.dispatch("int8_vectorwise_dequant", *args, threads=6, group_size=4)
+    torch.testing.assert_close(args[2], torch.full((2, 3), 0.5), rtol=0, atol=0)
+
+
+def test_dispatch_binds_an_int_given_for_a_float_as_a_float(emulated):
+    args = _dequant_args(scale=2)
+    library.dispatch("int8_vectorwise_dequant", *args, threads=6, group_size=6)
+    torch.testing.assert_close(args[2], torch.full((2, 3), 2.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        ({"A": torch.ones(2, 3, dtype=torch.int16)}, TypeError, "argument 0 (device const char* A) cannot take"),
+        ({"stats": torch.ones(2, dtype=torch.float16)}, TypeError, "argument 1 (device const float* stats)"),
+        ({"out": torch.empty(3, 2).t()}, ValueError, "argument 2 (out) must be contiguous"),
+        ({"stats": torch.ones(0)}, ValueError, "argument 1 (stats) is empty"),
+        ({"cols": 3.0}, TypeError, "argument 4 (constant long& cols) must be a Python int"),
+        ({"n": True}, TypeError, "argument 5 (constant long& n) must be a Python int"),
+        ({"scale": torch.tensor(1.0)}, TypeError, "argument 3 (constant float& scale) must be a Python float"),
+        ({"n": 2**63}, ValueError, "argument 5 (constant long& n) is out of range"),
+    ],
+)
+def test_dispatch_checks_arguments_against_the_table(emulated, change, error, message):
+    with pytest.raises(error, match=__import__("re").escape(message)):
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args(**change), threads=6, group_size=6)
+
+
+def test_dispatch_checks_count_and_launch_sizes(emulated):
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args()[:5], threads=6, group_size=6)
+    with pytest.raises(ValueError, match="at most 1024"):
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args(), threads=(6, 1), group_size=(64, 32))
+    with pytest.raises(ValueError, match="same number of dimensions"):
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args(), threads=(6, 1), group_size=6)
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args(), threads=0, group_size=6)
+    with pytest.raises(KeyError, match="no kernel named 'int8_vectorwise_dequan'"):
+        library.dispatch("int8_vectorwise_dequan", threads=1, group_size=1)
+
+
+def test_emulated_loader_loads_every_source(emulated):
+    assert emulated.path == "emulated"
+    assert emulated.reasons == {} and emulated.missing == []
