@@ -29,7 +29,6 @@ import torch
 from bitsandbytes import _formats, functional
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 from bitsandbytes_mps import _assemble, library, tables
 from bitsandbytes_mps.ops import optimizers as ops
 from bitsandbytes_mps.tables import optimizers as table
@@ -41,12 +40,7 @@ REF8 = REFERENCE["optimizer_update_8bit_blockwise"]
 REF32 = REFERENCE["optimizer_update_32bit"]
 
 
-@pytest.fixture(autouse=True)
-def emulated():
-    emu.skip_unless_available()  # names the missing C++ compiler
-    old = library.use_emulator(True)
-    yield
-    library.use_emulator(old)
+pytestmark = pytest.mark.usefixtures("emulated")  # conftest.py: the kernels load in the emulator
 
 
 def _maps() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
