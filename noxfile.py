@@ -34,6 +34,7 @@ CPU_ISAS = ("native", "avx2", "scalar")
 # The one architecture CI builds the CUDA backend for (the full list is in its CMakeLists.txt).
 CUDA_CI_ARCH = os.environ.get("BNB_CUDA_ARCHS", "80")
 CUDA = "./packages/backends-cuda"
+MPS = "./packages/backends-mps"
 
 
 @nox.session
@@ -65,6 +66,7 @@ def tests(session: nox.Session) -> None:
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
 
     _tests_cuda_emulated(session, strict)
+    _tests_mps_emulated(session, strict)
 
     install(session, *CLIENTS)
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
@@ -92,6 +94,19 @@ def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
         *emulated,
         env={**strict, "BNB_BACKENDS": "none"},
     )
+
+
+def _tests_mps_emulated(session: nox.Session, strict: dict) -> None:
+    """The MPS backend without a Mac: installed (a pure wheel off macOS), its own tests (tables vs the .metal
+    signatures, the loader's fallbacks with torch's MPS entry points faked, the kernels vs the reference),
+    then the conformance suite on its Metal kernels in the emulator."""
+    install(session, MPS)
+    session.run("pytest", "packages/backends-mps/tests", "--ignore=packages/backends-mps/tests/mac", *session.posargs,
+                env=strict)  # fmt: skip
+    session.log("conformance on the emulated Metal kernels")
+    emulated = ("-p", "bitsandbytes_mps.testing.emulated")
+    session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", *emulated,
+                env={**strict, "BNB_BACKENDS": "none"})  # fmt: skip
 
 
 def upstream_loads_our_checkpoints(session: nox.Session, env: dict[str, str]) -> None:
@@ -214,3 +229,34 @@ def bench_cuda(session: nox.Session) -> None:
     session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
     bench = "packages/backends-cuda/bench/bench_cuda.py"
     session.run("python", bench, "--upstream-python", str(python), *session.posargs)
+
+
+def _require_mps(session: nox.Session) -> None:
+    code = "import torch; print(int(torch.backends.mps.is_available()))"
+    if session.run("python", "-c", code, silent=True).strip() != "1":
+        session.error("no Apple Silicon GPU (MPS): torch.backends.mps.is_available() is false")
+
+
+@nox.session(name="tests-mps")
+def tests_mps(session: nox.Session) -> None:
+    """On an Apple Silicon Mac (macOS 14+): the MPS backend (built here: the metallib with xcrun, or the
+    wheel named by $BNB_MPS_WHEEL), the diagnostics, its tests including tests/mac on device mps, the
+    conformance suite on device mps, and the core's nn/optim tests on mps."""
+    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
+    _require_mps(session)
+    strict = {"BNB_STRICT_BACKENDS": "1"}
+    session.run("python", "-m", "bitsandbytes", env=strict)  # which load path won, and why
+    session.run("pytest", "packages/backends-mps/tests", *session.posargs, env=strict)
+    session.run("python", "-m", "bitsandbytes.testing", "--device", "mps", "-q", *session.posargs, env=strict)
+
+
+@nox.session(name="bench-mps")
+def bench_mps(session: nox.Session) -> None:
+    """On an Apple Silicon Mac: per op, the Metal kernels vs the reference path on mps vs dense torch on
+    mps; GB/s and % of the chip's memory bandwidth. Writes packages/backends-mps/bench/results/mps_bench.md
+    (attach it, with `python -m bitsandbytes`, when reporting numbers)."""
+    install(session, "torch", "-e", CORE)
+    install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
+    _require_mps(session)
+    session.run("python", "packages/backends-mps/bench/bench_mps.py", *session.posargs)

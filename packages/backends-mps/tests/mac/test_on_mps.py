@@ -1,0 +1,100 @@
+"""On an Apple Silicon Mac (``nox -s tests-mps``): the backend loads its kernels natively, the int8 ops give
+on mps what the reference gives on cpu, and the nn modules run on mps. The op-level bytes of every family
+are the conformance suite's job (``python -m bitsandbytes.testing --device mps``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bitsandbytes as bnb
+import bitsandbytes.backends as backends
+from bitsandbytes._reference import int8 as reference
+from bitsandbytes_mps import library, ops, plugin
+from bitsandbytes_mps.ops import int8 as mps_int8
+
+pytestmark = pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an Apple Silicon GPU (MPS)")
+
+
+def test_backend_loaded_natively():
+    record = {r.name: r for r in backends.records()}.get("mps")
+    assert record is not None and record.status == "loaded", record
+    st = library.status()
+    assert st.path in ("metallib", "source"), st.as_dict()  # never the reference on a supported Mac
+    assert {op for op, device in ops.REGISTERED if device == "mps"} == set(ops.all_ops())
+    info = plugin.backend.diagnostics()
+    assert info["ops on the reference"] == "none", info
+
+
+def test_bfloat_kernels_load_on_macos_14():
+    import platform
+
+    major = int(platform.mac_ver()[0].split(".")[0])
+    if major >= 14:
+        assert library.status().missing == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_int8_ops_on_mps_match_the_reference_on_cpu(dtype):
+    A = (torch.randn(33, 300) * 2).to(dtype)
+    got = mps_int8.int8_vectorwise_quant(A.to("mps"), 3.0)
+    want = reference.int8_vectorwise_quant(A, 3.0)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0)
+    codes, stats = want[0], want[1]
+    torch.testing.assert_close(mps_int8.int8_vectorwise_dequant(codes.to("mps"), stats.to("mps")).cpu(),
+                               reference.int8_vectorwise_dequant(codes, stats), rtol=0, atol=0)  # fmt: skip
+
+
+def test_kernels_queue_without_waiting():
+    """Many launches return before the GPU finishes them: nothing in dispatch synchronizes."""
+    A = torch.randn(4096, 4096, device="mps", dtype=torch.float16)
+    torch.mps.synchronize()
+    for _ in range(20):
+        mps_int8.int8_vectorwise_quant(A)
+    torch.mps.synchronize()
+
+
+def _module(cls, device, **kwargs):
+    torch.manual_seed(0)
+    return cls(96, 40, bias=True, **kwargs).to(device)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_linear8bitlt_on_mps_is_the_cpu_result(batch):
+    x = torch.randn(batch, 96, generator=torch.Generator().manual_seed(1)).half()
+    x[:, 3] *= 20  # an outlier column
+    outs = []
+    for device in ("cpu", "mps"):
+        m = _module(bnb.nn.Linear8bitLt, device, has_fp16_weights=False, threshold=6.0).half()
+        outs.append(m(x.to(device)).float().cpu())
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_linear4bit_on_mps_is_the_cpu_result(quant_type, batch):
+    x = torch.randn(batch, 96, generator=torch.Generator().manual_seed(2)).half()
+    outs = []
+    for device in ("cpu", "mps"):
+        m = _module(bnb.nn.Linear4bit, device, quant_type=quant_type, compute_dtype=torch.float16)
+        with torch.no_grad():
+            outs.append(m(x.to(device)).float().cpu())
+    torch.testing.assert_close(outs[1], outs[0], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["Adam8bit", "AdamW", "PagedAdamW8bit", "Lion8bit", "SGD8bit"])
+def test_optimizer_steps_on_mps_are_the_cpu_steps(name):
+    """Paged optimizers are plain ones on unified memory."""
+    results = []
+    for device in ("cpu", "mps"):
+        torch.manual_seed(3)
+        p = torch.nn.Parameter(torch.randn(64, 80, device=device))
+        kwargs = {"momentum": 0.9} if name.startswith("SGD") else {}
+        opt = getattr(bnb.optim, name)([p], lr=1e-2, **kwargs)
+        g = torch.Generator().manual_seed(4)
+        for _ in range(3):
+            p.grad = torch.randn(64, 80, generator=g).to(device)
+            opt.step()
+        results.append(p.detach().cpu())
+    torch.testing.assert_close(results[1], results[0], rtol=1e-3, atol=1e-3)
