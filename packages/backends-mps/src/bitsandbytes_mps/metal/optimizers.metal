@@ -30,9 +30,6 @@ constant constexpr float kMinScale = 1e-38f;
 
 constant constexpr uint kBlock = 256;  // threads per threadgroup; also the 8-bit state block
 constant constexpr uint kSimds = kBlock / 32;
-// Threadgroup array sizes, named: the emulator's front end reads a `*` in a declaration as a pointer.
-constant constexpr uint kTwoMaps = 2 * kBlock;
-constant constexpr uint kThreeStates = 3 * kSimds;
 
 // Indices into `hyper` (each value already rounded to float32 from the host's double).
 constant constexpr int hBeta1 = 0, hOmb1 = 1, hBeta2 = 2, hOmb2 = 3, hBeta3 = 4, hOmb3 = 5;
@@ -296,12 +293,12 @@ kernel void optimizer_8bit_blockwise(device const T* g [[buffer(0)]],
                                      uint group [[threadgroup_position_in_grid]],
                                      uint groups [[threadgroups_per_grid]],
                                      uint t [[thread_index_in_threadgroup]]) {
-  threadgroup float values[kTwoMaps];
-  threadgroup float mids[kTwoMaps];
-  threadgroup uchar order[kTwoMaps];
+  threadgroup float values[2 * kBlock];
+  threadgroup float mids[2 * kBlock];
+  threadgroup uchar order[2 * kBlock];
   threadgroup float sorted[kBlock];
   threadgroup uint votes[kSimds];
-  threadgroup uint scratch[kThreeStates];
+  threadgroup uint scratch[3 * kSimds];
 
   const int rule = int(config[cRule]), flags = int(config[cFlags]);
   const long n = config[cN];
