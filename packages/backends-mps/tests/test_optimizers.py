@@ -201,6 +201,27 @@ def test_8bit_nan_gradient_poisons_only_its_block():
     torch.testing.assert_close(p.nan_to_num(), ref_p.nan_to_num(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["adam", "momentum", "ademamix"])
+def test_8bit_all_zero_block_matches_reference(name):
+    """A block whose new states are all zero (absmax 0) takes the reference's codes for 0, not a NaN's."""
+    qmap1, qmap2 = MAPS["dynamic"]
+    n = 2 * OPTIMIZER_BLOCKSIZE
+    st = _state8(name, n, 12, qmap1, qmap2)
+    st[2].zero_()  # every old state dequantizes to 0
+    if st[3] is not None:
+        st[3].zero_()
+    p, g = torch.randn(n), _grad(n, torch.float32, 12)
+    g[:OPTIMIZER_BLOCKSIZE] = 0.0
+    ref_p, ref = p.clone(), _clone(st)
+    _run8(ops.optimizer_update_8bit_blockwise, name, g, p, st, qmap1, qmap2, 1, wd=0.0)
+    _run8(REF8, name, g, ref_p, ref, qmap1, qmap2, 1, wd=0.0)
+    assert ref[2][0].item() == 0.0
+    for got, want in zip(st, ref, strict=True):
+        if want is not None:
+            _same_bits(got, want, name)
+    _close_p(p, ref_p, name)
+
+
 def test_8bit_strided_absmax_is_written_back():
     n = 4 * OPTIMIZER_BLOCKSIZE
     qmap1, qmap2 = MAPS["dynamic"]

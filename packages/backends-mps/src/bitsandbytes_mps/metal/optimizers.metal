@@ -274,6 +274,9 @@ inline uint sorted_slot(threadgroup const float* mids, float s) {
 // x scaled into [-1, 1] as the reference scales a block: a full block multiplies by the reciprocal of the
 // clamped absmax, the short last block divides by it. NaN stays NaN.
 inline float scale_to_unit(float x, float absmax, bool full) {
+  // An all-zero block: the reference's x / MIN_SCALE is x (a signed zero). Said directly, because kMinScale
+  // is a float32 subnormal, which a GPU that flushes subnormals would turn into a division by zero.
+  if (absmax == 0.0f) return x;
   const float clamped = isnan(absmax) ? absmax : max(absmax, kMinScale);
   const float s = full ? x * div_rn(1.0f, clamped) : div_rn(x, clamped);
   return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
