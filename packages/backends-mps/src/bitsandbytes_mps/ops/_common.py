@@ -33,6 +33,15 @@ def elementwise(n: int) -> tuple[int, int]:
     return n, min(n, GROUP)
 
 
+_placeholders: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
 def placeholder(device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A one-element buffer for an optional argument that is absent (Metal cannot bind nothing)."""
-    return torch.zeros(1, dtype=dtype, device=device)
+    """A one-element buffer for an optional argument that is absent (Metal cannot bind nothing). Kernels
+    only read it when told it is there, so one per device and dtype serves every call: no allocation
+    (and no fill kernel) in the hot path."""
+    key = (torch.device(device), dtype)
+    buf = _placeholders.get(key)
+    if buf is None:
+        buf = _placeholders[key] = torch.zeros(1, dtype=dtype, device=device)
+    return buf
