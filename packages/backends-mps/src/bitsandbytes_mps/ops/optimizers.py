@@ -45,6 +45,12 @@ def _groups(items: int) -> int:
     return max(1, min(items, _EMULATED_GROUPS_CAP if emulating() else _GROUPS_CAP))
 
 
+def _second_placeholder(device: torch.device) -> torch.Tensor:
+    """A float32 placeholder distinct from ``placeholder(device)``, for a call with two absent float buffers
+    (one buffer bound twice is fine for Metal, but the emulator rightly refuses aliased arguments)."""
+    return placeholder(device, torch.int32).view(torch.float32)
+
+
 def _hyper(beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale) -> list[float]:
     """The 16 scalars of the ``h*`` indices in optimizers.metal, computed in double like the reference."""
     c1 = 1.0 - beta1**step
@@ -116,7 +122,7 @@ def optimizer_update_32bit(
             flags |= _SCALE_BY_UNORM
     if n:
         limit = max_unorm * param_norm + (eps if optimizer_name in _ONE_STATE else 0.0)
-        unorm = unorm_vec if flags & _SCALE_BY_UNORM else placeholder(dev)
+        unorm = unorm_vec if flags & _SCALE_BY_UNORM else _second_placeholder(dev)
         dispatch(f"optimizer_32bit_{sfx}", g, p, state1, s2, unorm, [*hyper, limit], [rule, flags, n],
                  threads=n, group_size=min(n, THREADS))  # fmt: skip
     if max_unorm > 0.0 and rule == _LION:
@@ -169,7 +175,7 @@ def optimizer_update_8bit_blockwise(
         if q2.data_ptr() == q1.data_ptr():  # one map for both states: bind two buffers, not one twice
             q2 = q2.clone()
     else:
-        s2, a2, q2 = placeholder(dev, torch.uint8), placeholder(dev), placeholder(dev)
+        s2, a2, q2 = placeholder(dev, torch.uint8), placeholder(dev), _second_placeholder(dev)
     hyper = _hyper(beta1, beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale)
     config = [_RULE[optimizer_name], _flags(weight_decay, step, skip_zeros), n]
     dispatch(name, g, p, state1, s2, a1, a2, q1, q2, hyper, config, threads=groups * THREADS, group_size=THREADS)
