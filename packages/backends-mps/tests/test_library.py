@@ -300,3 +300,12 @@ def test_dispatch_checks_count_and_launch_sizes(emulated):
 def test_emulated_loader_loads_every_source(emulated):
     assert emulated.path == "emulated"
     assert emulated.reasons == {} and emulated.missing == []
+
+
+def test_paged_state_is_plain_memory_on_unified_memory():
+    # The plugin registers these for "mps": a paged optimizer's state is an ordinary zeroed tensor there.
+    from bitsandbytes_mps import plugin
+
+    t = plugin._allocate_unified((3, 4), torch.float16, torch.device("cpu"))
+    assert t.shape == (3, 4) and t.dtype == torch.float16 and not t.any()
+    assert plugin._prefetch_unified(t, None) is None and not t.any()
