@@ -47,7 +47,7 @@ def _preprocess(source: str, metal_version: int) -> str:
 
 
 class _Libraries:
-    """Several emulated libraries seen as one (each source compiles on its own; a metallib holds them all)."""
+    """One library object over several emulated ones, as one metallib holds every source's kernels."""
 
     def __init__(self, libraries):
         self._libraries = libraries
@@ -56,7 +56,7 @@ class _Libraries:
         for lib in self._libraries:
             try:
                 return getattr(lib, name)
-            except (AttributeError, KeyError):
+            except AttributeError:
                 continue
         raise AttributeError(name)
 
@@ -300,3 +300,12 @@ def test_dispatch_checks_count_and_launch_sizes(emulated):
 def test_emulated_loader_loads_every_source(emulated):
     assert emulated.path == "emulated"
     assert emulated.reasons == {} and emulated.missing == []
+
+
+def test_paged_state_is_plain_memory_on_unified_memory():
+    # The plugin registers these for "mps": a paged optimizer's state is an ordinary zeroed tensor there.
+    from bitsandbytes_mps import plugin
+
+    t = plugin._allocate_unified((3, 4), torch.float16, torch.device("cpu"))
+    assert t.shape == (3, 4) and t.dtype == torch.float16 and not t.any()
+    assert plugin._prefetch_unified(t, None) is None and not t.any()

@@ -240,7 +240,15 @@ def _check_args(k: Kernel, args: tuple) -> tuple[list, dict[int, str]]:
     bound = list(args)
     device = None
     for i, (p, a) in enumerate(zip(k.params, args, strict=True)):
-        if p.is_buffer:
+        if p.is_buffer and isinstance(a, (list, tuple)) and p.type in ("constant float*", "constant long*"):
+            # torch binds a list of Python floats / ints as a float32 / int64 array (one constant buffer).
+            kind = "float" if p.element == "float" else "int"
+            if not a or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in a):
+                raise TypeError(f"kernel {k.name}: argument {i} ({p}) must be a non-empty list of numbers, got {a!r}")
+            if kind == "int" and any(isinstance(v, float) for v in a):
+                raise TypeError(f"kernel {k.name}: argument {i} ({p}) must be a list of Python ints, got {a!r}")
+            bound[i] = [float(v) for v in a] if kind == "float" else list(a)
+        elif p.is_buffer:
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"kernel {k.name}: argument {i} ({p}) must be a tensor, got {type(a).__name__}")
             size = tables.ELEMENT_TYPES[p.element]

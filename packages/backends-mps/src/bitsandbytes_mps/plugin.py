@@ -23,9 +23,24 @@ def _is_available() -> bool:
 
 
 def _load() -> None:
+    from bitsandbytes._functional.paged import register_paged_memory
+
     from . import ops
 
     ops.register_all("mps")
+    # Apple Silicon memory is unified: an ordinary MPS tensor already lives where both the CPU and the GPU
+    # reach it, so a paged optimizer's state is plain MPS memory and prefetching has nothing to move.
+    register_paged_memory("mps", _allocate_unified, _prefetch_unified)
+
+
+def _allocate_unified(shape, dtype, device):
+    import torch
+
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def _prefetch_unified(tensor, device) -> None:
+    return None
 
 
 def _macos() -> str:

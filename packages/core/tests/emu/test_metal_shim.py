@@ -173,6 +173,20 @@ def test_threadgroup_memory_limit_is_per_kernel():
         lib.big(out)
 
 
+def test_threadgroup_array_sized_by_a_product_is_shared():
+    """`threadgroup T a[2 * N]` is one array per threadgroup, not a per-lane array (the `*` is no pointer)."""
+    lib = _lib(
+        "#include <metal_stdlib>\nusing namespace metal;\nconstant constexpr uint N = 32;\n"
+        "kernel void k(device float* o [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {\n"
+        "  threadgroup float a[2 * N];\n  a[i] = float(i);\n"
+        "  threadgroup_barrier(mem_flags::mem_threadgroup);\n  o[i] = a[(i + 1) % 64];\n}\n",
+        filename="tg_product.metal",
+    )
+    out = torch.zeros(64)
+    lib.k(out, threads=64, group_size=64)
+    assert out.tolist() == [float((i + 1) % 64) for i in range(64)]
+
+
 @pytest.mark.parametrize(
     "head", ["[[max_total_threads_per_threadgroup(64)]] kernel", "[[kernel, max_total_threads_per_threadgroup(64)]]"]
 )

@@ -191,7 +191,8 @@ def _rewrite_threadgroup(text: str, blanked: str, filename: str) -> list[tuple[i
             continue  # a qualifier inside a parameter list, cast or template argument
         end = blanked.find(";", m.end())
         decl = blanked[m.end() : end]
-        head = decl.split("=", 1)[0]
+        # Only the declarator before an array size tells a pointer: `T name[2 * N]` is an array.
+        head = decl.split("=", 1)[0].split("[", 1)[0]
         if "*" in head or "&" in head or "(" in head:
             continue  # a threadgroup pointer or reference: the qualifier just goes
         where = f"{filename}:{_line_of(text, m.start())}"
