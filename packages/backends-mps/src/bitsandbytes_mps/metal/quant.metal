@@ -301,10 +301,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
   constexpr int F = BNB_GEMV_FEATURES;
   constexpr int R = BNB_GEMV_ROWS;
   threadgroup float table[16];
-  // A literal size: the emulator's front end shares a threadgroup array between lanes only when its
-  // size is a plain number (an expression gave each lane its own copy there).
-  threadgroup float partial[128];
-  static_assert(BNB_GEMV_MAX_SIMDGROUPS * F * R == 128, "partial holds one sum per SIMD-group, feature, row");
+  threadgroup float partial[BNB_GEMV_MAX_SIMDGROUPS * F * R];  // one sum per SIMD-group, feature, row
   if (lid < 16) table[lid] = code[lid];
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
