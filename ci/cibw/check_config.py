@@ -81,7 +81,7 @@ def check_environments(package: str) -> list[str]:
         try:
             parse_environment(text).as_dictionary({"PATH": "/usr/bin"})
         except Exception as e:  # cibuildwheel raises several kinds; any is a broken table
-            problems.append(f"{package} [{where}]: {e}")
+            problems.append(f"{package} [{where}]: cibuildwheel cannot parse {text!r} ({e!r})")
     return problems
 
 
