@@ -1,16 +1,18 @@
 """Offline check of the cibuildwheel configuration of every compiled package: the build identifiers
 `cibuildwheel --print-build-identifiers` gives per platform must be exactly the wheel matrix below, and
-every environment table must parse as cibuildwheel will parse it on the runner."""
+every option of every identifier must compute as cibuildwheel computes it on the runner."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from cibuildwheel.environment import parse_environment
+from cibuildwheel.errors import FatalError
+from cibuildwheel.options import CommandLineArguments, compute_options
 
 try:
     import tomllib
@@ -49,9 +51,8 @@ def identifiers(package: str, platform: str) -> list[str]:
     return out.stdout.split()
 
 
-def check_identifiers(package: str, platform: str) -> list[str]:
+def check_identifiers(package: str, platform: str, found: list[str]) -> list[str]:
     tags, pythons = MATRIX[package][platform]
-    found = identifiers(package, platform)
     problems = []
     got_tags = {i.split("-", 1)[1] for i in found}
     if got_tags != tags:
@@ -67,25 +68,23 @@ def check_identifiers(package: str, platform: str) -> list[str]:
     return problems
 
 
-def environment_tables(config: dict) -> list[tuple[str, dict]]:
-    tables = []
-    for scope in ("", *PLATFORMS):
-        section = config.get(scope, {}) if scope else config
-        for key in ("environment", "test-environment"):
-            if isinstance(section.get(key), dict):
-                tables.append((f"{scope or 'all'}.{key}", section[key]))
-    return tables
-
-
-def check_environments(package: str) -> list[str]:
-    config = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+def check_options(package: str, platform: str, found: list[str]) -> list[str]:
+    """Every option of every identifier computed as cibuildwheel computes it before a build (environment
+    tables parsed, overrides applied): a malformed table fails here, not on the runner. Internal API of the
+    pinned cibuildwheel."""
+    args = dataclasses.replace(
+        CommandLineArguments.defaults(), platform=platform, package_dir=ROOT / "packages" / package
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CIBW_")}
     problems = []
-    for where, table in environment_tables(config):
-        text = " ".join(f"{k}={v}" for k, v in table.items())
-        try:
-            parse_environment(text).as_dictionary({"PATH": "/usr/bin"})
-        except Exception as e:  # cibuildwheel raises several kinds; any is a broken table
-            problems.append(f"{package} [{where}]: cibuildwheel cannot parse {text!r} ({e!r})")
+    try:
+        options = compute_options(platform=platform, command_line_arguments=args, env=env)
+        for identifier in found:
+            build = options.build_options(identifier)
+            build.environment.as_dictionary({"PATH": "/usr/bin"})
+            build.test_environment.as_dictionary({"PATH": "/usr/bin"})
+    except (Exception, FatalError) as e:  # FatalError is a BaseException
+        problems.append(f"{package} {platform}: cibuildwheel rejects the configuration: {e}")
     return problems
 
 
@@ -105,8 +104,9 @@ def main() -> int:
     problems = check_stable_abi()
     for package in MATRIX:
         for platform in PLATFORMS:
-            problems += check_identifiers(package, platform)
-        problems += check_environments(package)
+            found = identifiers(package, platform)
+            problems += check_identifiers(package, platform, found)
+            problems += check_options(package, platform, found)
     for p in problems:
         print(f"error: {p}", file=sys.stderr)
     return 1 if problems else 0
