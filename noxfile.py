@@ -99,7 +99,7 @@ def _plugin_template(session: nox.Session) -> None:
         env = {"PYTHONDONTWRITEBYTECODE": "", "BNB_STRICT_BACKENDS": "1"}
         session.run(python, "-c", installed, env=env, external=True)
         tests = str(PLUGIN_TEMPLATE / "tests")
-        session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, env=env, external=True)
+        session.run(python, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests, env=env, external=True)
 
 
 def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
