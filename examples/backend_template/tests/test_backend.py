@@ -23,9 +23,9 @@ from bitsandbytes._reference import REFERENCE
 NAME = "template"
 NATIVE = sorted(op for op, _ in KERNELS)
 # The conformance tests that exercise those ops (pytest -k); the suite runs the rest on the reference.
+# Every 4-bit test but the matmuls dequantizes; of the int8 ones, these two.
 CONFORMANCE_K = (
-    "dequantize_4bit or vectorwise_dequant"
-    " or (test_fourbit and (test_dequantize or test_nonfinite_input or test_all_zero_block or test_empty))"
+    "dequantize_4bit or vectorwise_dequant or (test_fourbit and not gemv and not gemm)"
     " or (test_int8 and test_nonfinite_input)"
 )
 
@@ -49,9 +49,10 @@ def test_python_m_bitsandbytes_lists_the_backend():
 def test_conformance_of_the_ops_it_implements():
     proc = run("-m", "bitsandbytes.testing", "--device", "cpu", "-q", "-k", CONFORMANCE_K)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "RuntimeWarning" not in proc.stdout, proc.stdout  # e.g. NumPy warning about specified NaNs
     passed = re.search(r"^(\d+) passed, \d+ deselected", proc.stdout, re.M)
     # A selection that matched nothing would also exit 5, not 0; this pins that it tested something real.
-    assert passed and int(passed[1]) >= 30, proc.stdout
+    assert passed and int(passed[1]) >= 130, proc.stdout
 
 
 # A round trip through the public API: quantize_4bit on the reference kernel, dequantize_4bit on ours.

@@ -33,7 +33,9 @@ def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tenso
     codes = A.contiguous().numpy().reshape(rows, cols)
     scales = stats.contiguous().numpy().reshape(rows, 1)
     # Same order of fp32 products as the reference (codes * stat, then * scale): equal bit for bit.
-    return torch.from_numpy(codes.astype(np.float32) * scales * INT8_SCALE).reshape(A.shape)
+    with np.errstate(invalid="ignore"):  # 0 * inf = nan is the specified result for a non-finite row
+        values = codes.astype(np.float32) * scales * INT8_SCALE
+    return torch.from_numpy(values).reshape(A.shape)
 
 
 def dequantize_4bit(
@@ -48,7 +50,8 @@ def dequantize_4bit(
     codes[0::2] = raw >> 4
     codes[1::2] = raw & 0x0F
     scales = np.repeat(absmax.contiguous().numpy(), blocksize)[:n]
-    values = TABLES[quant_type][codes[:n]] * scales
+    with np.errstate(invalid="ignore"):  # 0 * inf = nan is the specified result for a non-finite block
+        values = TABLES[quant_type][codes[:n]] * scales
     # One rounding from fp32 to dtype, by torch: NumPy has no bfloat16.
     return torch.from_numpy(values).reshape(dims).to(dtype)
 
