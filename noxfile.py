@@ -54,6 +54,7 @@ def tests(session: nox.Session) -> None:
     )
     # The conformance suite as a backend author runs it: installed package, one device.
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env={**strict, "BNB_BACKENDS": "none"})
+    _plugin_template(session)
 
     install(session, "./packages/backends-cpu")
     session.run("pytest", "packages/backends-cpu/tests", *session.posargs, env=strict)
@@ -70,6 +71,35 @@ def tests(session: nox.Session) -> None:
 
     install(session, *CLIENTS)
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
+
+
+PLUGIN_TEMPLATE = ROOT / "examples" / "backend_template"
+
+
+def _plugin_template(session: nox.Session) -> None:
+    """The third-party backend template as an outsider installs it: a fresh venv beside this session's, with
+    torch, the core and examples/backend_template built from their directories (no source tree on sys.path),
+    then the template's own tests: `python -m bitsandbytes` lists it, the conformance suite passes for the ops
+    it implements, every other op runs on the reference kernels."""
+    import tempfile
+
+    venv = Path(session.virtualenv.location).parent / "plugin-template"
+    session.run("python", "-m", "venv", "--clear", str(venv))
+    python = str(venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python"))
+    # No byte-compiling of all of torch at install; the imports compile (and cache) what they use, even
+    # where PYTHONDONTWRITEBYTECODE is set outside.
+    pip = [python, "-m", "pip", "install", "-q", "--no-compile", "-c", CONSTRAINTS]
+    session.run(*pip, "torch", CORE, f"{PLUGIN_TEMPLATE}[test]", external=True)
+    installed = (
+        "import sys, bitsandbytes, bnb_backend_template as t; from pathlib import Path; "
+        f"src = [m.__file__ for m in (bitsandbytes, t) if Path(m.__file__).is_relative_to({str(ROOT)!r})]; "
+        "sys.exit(f'imported from the source tree: {src}' if src else 0)"
+    )
+    with tempfile.TemporaryDirectory() as cwd, session.chdir(cwd):
+        env = {"PYTHONDONTWRITEBYTECODE": "", "BNB_STRICT_BACKENDS": "1"}
+        session.run(python, "-c", installed, env=env, external=True)
+        tests = str(PLUGIN_TEMPLATE / "tests")
+        session.run(python, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests, env=env, external=True)
 
 
 def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
