@@ -42,7 +42,8 @@ def tests(session: nox.Session) -> None:
     """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, and
     the conformance suite through its kernels at every ISA level; the CUDA backend built with nvcc for one
     architecture, its tests and the conformance suite on its emulated kernels; last, the real clients
-    (transformers, PEFT, accelerate) on the native kernels."""
+    (transformers, PEFT, accelerate) on the native kernels; and the wheels, built and installed from a
+    wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
     install(session, "torch", "-e", f"{CORE}[test]")
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run(
@@ -70,6 +71,8 @@ def tests(session: nox.Session) -> None:
 
     install(session, *CLIENTS)
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
+
+    wheels_installed_as_a_user_would(session)
 
 
 def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
@@ -119,9 +122,8 @@ WHEEL_TOOLS = (
     "abi3audit==0.0.26",
 )
 WHEELHOUSE = ROOT / "wheelhouse"
-# check-wheel-contents: W002 (duplicate files) fires on the empty __init__.py files of namespace-like
-# subpackages, which are distinct modules; everything else it checks stays on.
-CWC_IGNORE = "W002"
+# The manylinux policy cibuildwheel publishes the Linux wheels for (its manylinux_2_28 images).
+MANYLINUX = (2, 28)
 
 
 @nox.session
@@ -139,7 +141,7 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     import shutil
 
     session.install(*WHEEL_TOOLS)
-    tmp = Path(session.create_tmp())
+    tmp = Path(session.create_tmp()).resolve()
     raw = tmp / "raw"
     for folder in (WHEELHOUSE, raw):
         shutil.rmtree(folder, ignore_errors=True)
@@ -157,7 +159,11 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
 
     built = sorted(str(p) for p in WHEELHOUSE.iterdir())
     session.run("twine", "check", "--strict", *built)
-    session.run("check-wheel-contents", f"--ignore={CWC_IGNORE}", *(w for w in built if w.endswith(".whl")))
+    # check-wheel-contents with every check on (none needs ignoring), and each wheel pinned to the one
+    # top-level package it must hold (W201/W202), so a stray tests/ or csrc/ at the top fails it.
+    for wheel in (Path(w) for w in built if w.endswith(".whl")):
+        toplevel = wheel.name.split("-")[0]
+        session.run("check-wheel-contents", f"--toplevel={toplevel}", str(wheel))
     abi3 = [w for w in built if "-abi3-" in w]
     if abi3:  # the stable-ABI CPU wheel (Python >= 3.12 builds): no symbol outside the limited API
         session.run("abi3audit", "--strict", "--report", *abi3)
@@ -178,12 +184,26 @@ def _repair_or_keep(session: nox.Session, wheel: Path) -> None:
     repair = ["auditwheel", "repair", "--wheel-dir", str(WHEELHOUSE), *(f"--exclude={lib}" for lib in excluded)]
     try:
         session.run(*repair, str(wheel), silent=True)
+        (repaired,) = WHEELHOUSE.glob(wheel.name.split("-")[0] + "-*.whl")
+        _explain_manylinux_tag(session, repaired.name)
     except nox.command.CommandFailed:
         # A newer glibc/libstdc++ than any manylinux policy allows (the show output above says which
         # symbol): keep the linux_* wheel for the local install; cibuildwheel's manylinux image builds
         # the published one.
         session.warn(f"{wheel.name}: auditwheel cannot repair it on this machine; kept as built")
         shutil.copy(wheel, WHEELHOUSE)
+
+
+def _explain_manylinux_tag(session: nox.Session, name: str) -> None:
+    import re
+
+    found = re.search(r"manylinux_(\d+)_(\d+)", name)
+    if found and (int(found[1]), int(found[2])) > MANYLINUX:
+        session.log(
+            f"{name}: this machine's glibc/libstdc++ are newer than manylinux_{MANYLINUX[0]}_{MANYLINUX[1]} allows "
+            "(auditwheel show above names the symbols), so the local wheel gets the tag it qualifies for; the "
+            "published one is built in cibuildwheel's manylinux_2_28 image"
+        )
 
 
 def _install_from_wheelhouse(session: nox.Session, tmp: Path) -> None:
@@ -193,9 +213,8 @@ def _install_from_wheelhouse(session: nox.Session, tmp: Path) -> None:
 
     env_dir = tmp / "user-venv"
     shutil.rmtree(env_dir, ignore_errors=True)
-    session.run(sys.executable, "-m", "venv", str(env_dir), external=True)
-    bindir = env_dir / ("Scripts" if sys.platform == "win32" else "bin")
-    python = str(bindir / "python")
+    session.run("python", "-m", "venv", str(env_dir))  # this session's Python: the CPU wheel's tag is for it
+    python = str(env_dir / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python"))
     pip = (python, "-m", "pip", "install", "-q")
     session.run(*pip, "-c", CONSTRAINTS, "torch", "numpy", "packaging", "pytest", "hypothesis", external=True)
     clean = {"PYTHONPATH": "", "BNB_STRICT_BACKENDS": "1"}
