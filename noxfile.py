@@ -219,7 +219,9 @@ def _install_from_wheelhouse(session: nox.Session, tmp: Path) -> None:
     session.run(*pip, "-c", CONSTRAINTS, "torch", "numpy", "packaging", "pytest", "hypothesis", external=True)
     clean = {"PYTHONPATH": "", "BNB_STRICT_BACKENDS": "1"}
     house = ("--no-index", "--find-links", str(WHEELHOUSE))
-    session.run(*pip, *house, "bitsandbytes[cpu]", external=True, env=clean)
+    report = tmp / "install-report.json"
+    session.run(*pip, *house, "--report", str(report), "bitsandbytes[cpu]", external=True, env=clean)
+    _check_installed_from(session, report, {"bitsandbytes", "bitsandbytes-cpu"})
     with session.chdir(tmp):
         where = "import bitsandbytes, bitsandbytes_cpu, sys; print(bitsandbytes.__file__, bitsandbytes_cpu.__file__)"
         out = session.run(python, "-c", where, external=True, env=clean, silent=True)
@@ -227,6 +229,22 @@ def _install_from_wheelhouse(session: nox.Session, tmp: Path) -> None:
             session.error(f"bitsandbytes was not imported from the fresh venv: {out}")
         session.run(python, "-m", "bitsandbytes", "--self-test", external=True, env=clean)
         session.run(python, "-m", "bitsandbytes.testing", "--device", "cpu", "-q", external=True, env=clean)
+
+
+def _check_installed_from(session: nox.Session, report: Path, wanted: set[str]) -> None:
+    """pip's install report must show exactly ``wanted`` installed, each from a wheel in the wheelhouse (a
+    find-links location in pip's own configuration must not have supplied one)."""
+    import json
+    from urllib.parse import unquote, urlparse
+
+    installed = json.loads(report.read_text())["install"]
+    sources = {item["metadata"]["name"]: unquote(urlparse(item["download_info"]["url"]).path) for item in installed}
+    ours = {w.name for w in WHEELHOUSE.glob("*.whl")}
+    # Compared by name: a file URL's path reads /C:/... on Windows.
+    stray = {n: p for n, p in sources.items() if Path(p).name not in ours or Path(p).parent.name != WHEELHOUSE.name}
+    if set(sources) != wanted or stray:
+        session.error(f"expected {sorted(wanted)} installed from {WHEELHOUSE}, got {sources}")
+    session.log("installed from the wheelhouse: " + ", ".join(Path(p).name for p in sources.values()))
 
 
 def upstream_loads_our_checkpoints(session: nox.Session, env: dict[str, str]) -> None:
