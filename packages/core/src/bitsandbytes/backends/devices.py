@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .platforms import EXTRA_PLATFORMS, current, describe, supports
+
 # device type -> extra of the `bitsandbytes` distribution that installs its backend.
 EXTRAS = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}
 
@@ -34,4 +36,7 @@ def install_hint(device_type: str) -> str:
     extra = EXTRAS.get(device_type)
     if extra is None:
         return f"no {device_type} backend is published yet; the reference kernels run on it meanwhile"
+    if not supports(extra, *current()):
+        dist = EXTRA_PLATFORMS[extra][0]
+        return f"{dist} is not built for {describe(*current())}; the reference kernels run on {device_type} meanwhile"
     return f"pip install 'bitsandbytes[{extra}]'"

@@ -148,10 +148,18 @@ def _dist_of(ep: metadata.EntryPoint) -> tuple[str | None, str | None]:
     return dist.metadata["Name"], dist.version
 
 
+# The backends published with the core, by distribution -> the core's extra that installs each.
+_FIRST_PARTY = {"bitsandbytes-cpu": "cpu", "bitsandbytes-cuda": "cuda", "bitsandbytes-mps": "mps"}
+
+
 def _api_mismatch(record: BackendRecord, wanted: str) -> str:
     mine, theirs = parse_api_version(API_VERSION)[0], parse_api_version(wanted)[0]
     dist = record.dist or record.name
-    if theirs < mine:
+    extra = _FIRST_PARTY.get(dist)
+    if extra is not None:
+        # Our own backends release in lockstep with the core: the extra reinstalls a matching pair.
+        fix = f"pip install -U 'bitsandbytes[{extra}]'"
+    elif theirs < mine:
         fix = f"pip install -U {dist}"  # the plugin predates this core
     else:
         fix = "pip install -U bitsandbytes"  # the plugin is newer than this core

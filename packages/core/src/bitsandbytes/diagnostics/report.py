@@ -12,6 +12,7 @@ import torch
 from ..backends import API_VERSION, GROUP, devices, dispatch, records
 from ..backends.devices import EXTRAS, install_hint, is_rocm
 from ..backends.discovery import LOADED, BackendRecord, missing_accelerators
+from ..backends.platforms import current, describe, extras_status
 
 
 def _version(dist: str) -> str:
@@ -120,6 +121,12 @@ def _accelerators(recs: Sequence[BackendRecord]) -> list[str]:
     return out
 
 
+def _extras() -> list[str]:
+    # pip skips an extra whose marker excludes this platform without a word: say so here.
+    rows = [(s.extra, s.state, s.message) for s in extras_status()]
+    return ["", f"Extras of bitsandbytes on this platform ({describe(*current())})", *table(None, rows)]
+
+
 def render(verbose: bool = False) -> tuple[list[str], list[str]]:
     """The report's lines, and the problems found (empty when nothing is broken)."""
     from .. import __version__
@@ -128,4 +135,4 @@ def render(verbose: bool = False) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     title = f"bitsandbytes {__version__} (distribution {_version('bitsandbytes')}, plugin API {API_VERSION})"
     lines = [title, *_environment(), *_backends(recs, verbose, problems), *_coverage(recs, problems)]
-    return lines + _accelerators(recs), problems
+    return lines + _accelerators(recs) + _extras(), problems
