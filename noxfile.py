@@ -94,9 +94,11 @@ def _plugin_template(session: nox.Session) -> None:
     pip = [python, "-m", "pip", "install", "-q", "--no-compile", "-c", CONSTRAINTS]
     session.run(*pip, "torch", CORE, f"{PLUGIN_TEMPLATE}[test]", external=True)
     installed = (
+        # Both must come from the venv's site-packages (which nox keeps under the checkout's .nox/).
         "import sys, bitsandbytes, bnb_backend_template as t; from pathlib import Path; "
-        f"src = [m.__file__ for m in (bitsandbytes, t) if Path(m.__file__).is_relative_to({str(ROOT)!r})]; "
-        "sys.exit(f'imported from the source tree: {src}' if src else 0)"
+        "venv = Path(sys.prefix).resolve(); "
+        "src = [m.__file__ for m in (bitsandbytes, t) if not Path(m.__file__).resolve().is_relative_to(venv)]; "
+        "sys.exit(f'imported from outside the venv: {src}' if src else 0)"
     )
     with tempfile.TemporaryDirectory() as cwd, session.chdir(cwd):
         env = {"PYTHONDONTWRITEBYTECODE": "", "BNB_STRICT_BACKENDS": "1"}
