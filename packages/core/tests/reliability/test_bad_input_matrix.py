@@ -459,6 +459,71 @@ case("create_dynamic_map", "signed 'yes'", Raises(TypeError, "signed"))(lambda: 
 case("create_linear_map", "total_bits 99", Raises(ValueError, "total_bits"))(lambda: F.create_linear_map(total_bits=99))
 case("get_4bit_type", "typename int3", Raises(ValueError, "typename|int3"))(lambda: F.get_4bit_type("int3"))
 
+case("create_fp8_map", "exponent+precision > total_bits", Raises(ValueError, "bits"))(
+    lambda: F.create_fp8_map(exponent_bits=6, precision_bits=5, total_bits=8)
+)
+case("create_normal_map", "offset 1.5", Raises(ValueError, "offset"))(lambda: F.create_normal_map(offset=1.5))
+case("quantize_nf4", "blocksize 5", Raises(ValueError, "blocksize"))(lambda: F.quantize_nf4(_x(64), blocksize=5))
+case("quantize_fp4", "int dtype", Raises(TypeError, r"\bA\b"))(
+    lambda: F.quantize_fp4(torch.ones(64, dtype=torch.int16))
+)
+# As upstream: a given quant_state's own quant_type wins over the function's name.
+case(
+    "dequantize_nf4",
+    "fp4 state",
+    Gives(lambda r: torch.equal(r, F.dequantize_4bit(*_q4("fp4"))), "decoded as fp4 (the state's type)"),
+)(lambda: F.dequantize_nf4(*_q4("fp4")))
+case("dequantize_fp4", "absmax on meta", Raises(ValueError, "absmax"))(
+    lambda: F.dequantize_fp4(_q4("fp4")[0], absmax=_q4("fp4")[1].absmax.to(META), blocksize=64)
+)
+case("get_paged", "negative size", Raises((ValueError, RuntimeError), "negative|shape|size"))(lambda: F.get_paged(-4))
+case("prefetch_tensor", "not a tensor", Raises(TypeError, r"\bA\b"))(lambda: F.prefetch_tensor([1, 2]))
+
+# ---- .out overloads ------------------------------------------------------------------------------------
+case("op dequantize_4bit.out", "out wrong shape", Raises(ValueError, "out"))(
+    lambda: ops.dequantize_4bit.out(_q4()[0], _q4()[1].absmax, 64, "nf4", [8, 64], torch.float32, torch.empty(4, 4))
+)
+case("op dequantize_4bit.out", "out on meta", Raises(ValueError, "out"))(
+    lambda: ops.dequantize_4bit.out(
+        _q4()[0], _q4()[1].absmax, 64, "nf4", [8, 64], torch.float32, torch.empty(8, 64, device=META)
+    )
+)
+case("op dequantize_blockwise.out", "out wrong dtype", Raises(TypeError, "out"))(
+    lambda: ops.dequantize_blockwise.out(
+        _q8()[0], _q8()[1].absmax, _code(), 64, torch.float32, torch.empty(4, 64, dtype=torch.float16)
+    )
+)
+case("op gemv_4bit.out", "out wrong shape", Raises(ValueError, "out"))(
+    lambda: ops.gemv_4bit.out(
+        _x(1, 64), _q4(shape=(16, 64))[0], [16, 64], _q4(shape=(16, 64))[1].absmax, _q4()[1].code, 64, torch.empty(1, 3)
+    )
+)
+case("op int8_linear_matmul.out", "out wrong shape", Raises(ValueError, "out"))(
+    lambda: ops.int8_linear_matmul.out(_i8(4, 8), _i8(3, 8), torch.empty(4, 4, dtype=torch.int32))
+)
+
+# ---- huge sizes: shape arithmetic must not wrap at 2**31 (checked on meta, where nothing is allocated) ---
+_HUGE = 2**31 + 64 * 3
+case(
+    "huge (meta)",
+    "quantize_4bit 2**31+ elements",
+    Gives(lambda r: r[0].numel() == _HUGE // 2 and r[1].numel() == -(-_HUGE // 64), "codes n/2, absmax ceil(n/64)"),
+)(lambda: ops.quantize_4bit(torch.empty(_HUGE, device=META), 64, "nf4", torch.uint8))
+case("huge (meta)", "dequantize_blockwise 2**31+ elements", Gives(lambda r: r.numel() == _HUGE, "n values"))(
+    lambda: ops.dequantize_blockwise(
+        torch.empty(_HUGE, dtype=torch.uint8, device=META),
+        torch.empty(-(-_HUGE // 64), device=META),
+        _code().to(META),
+        64,
+        torch.float32,
+    )
+)
+case("huge (meta)", "int8_linear_matmul 2**16 x 2**16 out", Gives(lambda r: r.shape == (2**16, 2**16), "shape"))(
+    lambda: ops.int8_linear_matmul(
+        torch.empty(2**16, 8, dtype=torch.int8, device=META), torch.empty(2**16, 8, dtype=torch.int8, device=META)
+    )
+)
+
 # ---- QuantState.from_dict ------------------------------------------------------------------------------
 case("QuantState.from_dict", "not a dict", Raises(TypeError, "qs_dict"))(
     lambda: F.QuantState.from_dict([1, 2], device="cpu")
