@@ -641,6 +641,38 @@ case("optim.Adam", "beta1 = 1.0", Raises(ValueError, r"betas\[0\]"))(
     lambda: bnb.optim.Adam([torch.nn.Parameter(_x(64))], betas=(1.0, 0.999))
 )
 
+case("Optimizer2State", "optimizer_name 'bogus'", Raises(ValueError, "optimizer_name"))(
+    lambda: bnb.optim.optimizer.Optimizer2State("bogus", [torch.nn.Parameter(_x(64))])
+)
+case("Optimizer1State", "optimizer_name 'ADAM'", Raises(ValueError, "optimizer_name"))(
+    lambda: bnb.optim.optimizer.Optimizer1State("ADAM", [torch.nn.Parameter(_x(64))])
+)
+case("optim.Adam", "min_8bit_size -1", Raises(ValueError, "min_8bit_size"))(
+    lambda: bnb.optim.Adam([torch.nn.Parameter(_x(64))], min_8bit_size=-1)
+)
+case("Linear4bit", "compute_dtype int32", Raises(TypeError, "compute_dtype"))(
+    lambda: bnb.nn.Linear4bit(64, 16, compute_dtype=torch.int32)
+)
+case("Linear4bit", "quant_storage int64", Raises(TypeError, "quant_storage"))(
+    lambda: bnb.nn.Linear4bit(64, 16, quant_storage=torch.int64)
+)
+case("Linear8bitLt", "forward on meta input", Raises(ValueError, "device"))(
+    lambda: bnb.nn.Linear8bitLt(64, 16, has_fp16_weights=False).to("cpu")(_x(2, 64).to(META))
+)
+case("Embedding4bit", "float indices", Raises(TypeError, "indices"))(
+    lambda: bnb.nn.Embedding4bit(10, 64).to("cpu")(torch.ones(3))
+)
+# Same contract as torch.nn.Embedding: an index past the table is an IndexError, never a read past the end.
+case("Embedding4bit", "index past the table", Raises(IndexError, "out of range"))(
+    lambda: bnb.nn.Embedding4bit(10, 64).to("cpu")(torch.tensor([11]))
+)
+case("Embedding", "index past the table", Raises(IndexError, "out of range"))(
+    lambda: bnb.nn.Embedding(10, 64)(torch.tensor([11]))
+)
+case("Int8Params", "int32 data", Raises(RuntimeError, "floating point"))(
+    lambda: bnb.nn.Int8Params(torch.ones(4, 4, dtype=torch.int32), has_fp16_weights=False)
+)
+
 
 @pytest.mark.parametrize(("group", "name", "fn", "expect"), CASES, ids=[f"{g}::{n}" for g, n, _, _ in CASES])
 def test_bad_input(group, name, fn, expect, matrix_row):
