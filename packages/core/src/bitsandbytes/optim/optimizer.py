@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .. import _checks
 from .. import functional as F
 from .._functional.paged import has_paged_memory
 from .._ops import OPTIMIZER_BLOCKSIZE
@@ -311,6 +312,14 @@ class _StatefulBase(Optimizer8bit):
         _args.min_8bit_size(min_8bit_size)
         _args.non_negative("max_unorm", max_unorm)
         _args.percentile_clipping(percentile_clipping)
+        # Fail at construction, not at the first step (after the states were already allocated).
+        if optimizer_name not in _checks.OPTIMIZER_NAMES:
+            raise ValueError(
+                f"optimizer_name must be one of {', '.join(_checks.OPTIMIZER_NAMES)}; got {optimizer_name!r}"
+            )
+        # A missing beta2 would otherwise step silently with beta2 = 0 (upstream fails at the first step).
+        if optimizer_name in ("adam", "lamb", "lion", "ademamix") and len(defaults.get("betas", ())) < 2:
+            raise ValueError(f"betas must hold (beta1, beta2) for {optimizer_name}; got {defaults.get('betas')!r}")
         super().__init__(params, defaults, optim_bits, is_paged)
         if args is None:
             # block_wise (bitsandbytes 0.49) is recorded but has no effect: 8-bit state is always blockwise.
