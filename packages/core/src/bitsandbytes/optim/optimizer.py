@@ -371,10 +371,21 @@ class _StatefulBase(Optimizer8bit):
         state = self.state[p]
         config = self.get_config(gindex, pindex, group)
         betas = config["betas"] = _args.parse_betas(config["betas"])
-        state["step"] += 1
-        step = state["step"]
+        # The counter and the clipping history commit only once the update has succeeded, so a step that
+        # raises leaves this parameter's value and state all old (the per-parameter atomicity policy).
+        step = state["step"] + 1
         beta3, alpha = self._schedule(config, step)
         beta2 = betas[1] if len(betas) >= 2 else 0.0
+        history = state["gnorm_vec"].clone() if "gnorm_vec" in state else None
+        try:
+            self._apply_update(config, state, grad, p, step, betas, beta2, beta3, alpha)
+        except BaseException:
+            if history is not None:
+                state["gnorm_vec"].copy_(history)
+            raise
+        state["step"] = step
+
+    def _apply_update(self, config, state, grad, p, step, betas, beta2, beta3, alpha):
         gnorm_scale = self._gnorm_scale(config, state, grad, step)
         two = self._n_states == 2
         if state["state1"].dtype == torch.float32:
