@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 import subprocess
 
 import torch
+
+from ._functional.quant import _pack_dict_to_tensor, _unpack_tensor_to_dict
 
 logger = logging.getLogger(__name__)
 
@@ -157,16 +158,14 @@ def replace_linear(
 
 def pack_dict_to_tensor(source_dict):
     """Encode a JSON-serializable dict as a uint8 tensor of its UTF-8 JSON text (for state dicts)."""
-    return torch.tensor(list(json.dumps(source_dict).encode("utf-8")), dtype=torch.uint8)
+    return _pack_dict_to_tensor(source_dict)
 
 
 def unpack_tensor_to_dict(tensor_data):
-    """Inverse of ``pack_dict_to_tensor``."""
-    if not isinstance(tensor_data, torch.Tensor):
-        raise TypeError(f"tensor_data must be a torch.Tensor, got {type(tensor_data).__name__}")
-    if tensor_data.dtype != torch.uint8:
-        raise TypeError(f"tensor_data must be uint8 (UTF-8 JSON bytes); got {tensor_data.dtype}")
-    return json.loads(bytes(tensor_data.cpu().reshape(-1).tolist()).decode("utf-8"))
+    """Inverse of ``pack_dict_to_tensor`` (the format QuantState packs its metadata in)."""
+    if isinstance(tensor_data, torch.Tensor):
+        tensor_data = tensor_data.reshape(-1)
+    return _unpack_tensor_to_dict("tensor_data", tensor_data)
 
 
 def sync_gpu(t: torch.Tensor):
