@@ -92,16 +92,20 @@ def run_ranks(
                     continue
                 outcomes[rank] = (status, payload)
         finally:
-            for p in procs:
+            killed = set()
+            for rank, p in enumerate(procs):
                 p.join(timeout=5)
                 if p.is_alive():
                     p.kill()
                     p.join()
+                    killed.add(rank)
     problems = []
     for rank, p in enumerate(procs):
         if rank not in outcomes:
-            why = f"exit code {p.exitcode}" if p.exitcode is not None else "no result"
-            problems.append(f"rank {rank}: did not report within {timeout_s:.0f} s ({why})")
+            if rank in killed:
+                problems.append(f"rank {rank}: did not report within {timeout_s:.0f} s")
+            else:
+                problems.append(f"rank {rank}: exited with code {p.exitcode} without reporting")
         elif outcomes[rank][0] == "error":
             problems.append(f"rank {rank} raised:\n{outcomes[rank][1]}")
     if problems:
