@@ -27,6 +27,8 @@ def install(session: nox.Session, *args: str, **kwargs) -> None:
 # The real clients the client tests and the demo run (versions pinned in ci/constraints.txt).
 CLIENTS = ("transformers", "peft", "accelerate", "safetensors")
 CLIENT_TESTS = "packages/core/tests/clients"
+# Real multi-process runs (FSDP2, torch.distributed.checkpoint) on gloo ranks; run on the native kernels.
+DISTRIBUTED_TESTS = "packages/core/tests/distributed"
 
 # ISA levels the CPU backend's conformance run covers; "native" is the best this machine has.
 CPU_ISAS = ("native", "avx2", "scalar")
@@ -39,8 +41,8 @@ MPS = "./packages/backends-mps"
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, and
-    the conformance suite through its kernels at every ISA level; the CUDA backend built with nvcc for one
+    """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, the
+    multi-rank FSDP tests on its kernels, and the conformance suite through them at every ISA level; the CUDA backend built with nvcc for one
     architecture, its tests and the conformance suite on its emulated kernels; last, the real clients
     (transformers, PEFT, accelerate) on the native kernels; and the wheels, built and installed from a
     wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
@@ -50,6 +52,7 @@ def tests(session: nox.Session) -> None:
         "pytest",
         "packages/core/tests",
         f"--ignore={CLIENT_TESTS}",
+        f"--ignore={DISTRIBUTED_TESTS}",
         *session.posargs,
         env={**strict, "BNB_BACKENDS": "none"},
     )
@@ -63,6 +66,7 @@ def tests(session: nox.Session) -> None:
     compat = ["packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py"]
     session.run("pytest", "-q", *compat, env=strict)
     upstream_loads_our_checkpoints(session, env=strict)
+    session.run("pytest", "-q", DISTRIBUTED_TESTS, env=strict)
     for isa in CPU_ISAS:
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
@@ -74,6 +78,14 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
 
     wheels_installed_as_a_user_would(session)
+
+
+@nox.session(name="tests-distributed")
+def tests_distributed(session: nox.Session) -> None:
+    """The multi-rank tests alone: FSDP2-sharded 4-bit models and 8-bit optimizers, torch.distributed.checkpoint
+    save/load/reshard, and FSDP-QLoRA training on 2 and 4 gloo ranks on the CPU (part of `tests` too)."""
+    install(session, "torch", "-e", f"{CORE}[test]", "./packages/backends-cpu")
+    session.run("pytest", DISTRIBUTED_TESTS, *session.posargs, env={"BNB_STRICT_BACKENDS": "1"})
 
 
 PLUGIN_TEMPLATE = ROOT / "examples" / "backend_template"
