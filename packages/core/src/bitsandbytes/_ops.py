@@ -377,7 +377,11 @@ def _(A, B, row_stats, col_stats, bias=None, dtype=None):
     return A.new_empty(shape, dtype=out_dtype)
 
 
-def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None) -> tuple[int, ...]:
+def check_int8_mixed_scaled_mm(
+    A, CA, CB, SCA, SCB, outlier_cols=None, bias=None, *, values: bool = True
+) -> tuple[int, ...]:
+    """The contract of int8_mixed_scaled_mm; ``values=False`` (the fake kernel) skips the one check that
+    reads data: every entry of ``outlier_cols`` must be a column of A."""
     c.dtype("A", A, c.FLOAT_DTYPES)
     shape = check_int8_linear_matmul(CA, CB, names=("CA", "CB"))
     if tuple(A.shape) != tuple(CA.shape):
@@ -390,6 +394,8 @@ def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None
     if outlier_cols is not None:
         c.dtype("outlier_cols", outlier_cols, (torch.int64, torch.int32))
         c.ndim("outlier_cols", outlier_cols, 1)
+        if values:
+            c.index_values("outlier_cols", outlier_cols, A.shape[-1], "columns of A")
     if bias is not None:
         c.dtype("bias", bias, c.FLOAT_DTYPES)
         c.numel("bias", bias, CB.shape[0], "one value per output column")
@@ -398,7 +404,7 @@ def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None
 
 @fake("int8_mixed_scaled_mm")
 def _(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None):
-    shape = check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)
+    shape = check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias, values=False)
     # subA: A's outlier columns, [..., n_outliers]; upstream's fake says int64 of dynamic length, but the
     # kernel returns A[:, outlier_cols], whose shape outlier_cols fixes.
     n_outliers = 0 if outlier_cols is None else outlier_cols.shape[0]
