@@ -644,6 +644,95 @@ case("percentile_clipping", "gnorm_vec wrong length", Raises(ValueError, "gnorm_
     lambda: F.percentile_clipping(_x(10), torch.zeros(5), step=1)
 )
 
+
+@reaches("optimizer_update_32bit")
+def _opt32_op(**kw) -> torch.Tensor:
+    """The op itself (no facade), with every argument; returns p after the step."""
+    a = dict(
+        optimizer_name="adam", g=_x(64), p=_x(64) * 2, state1=torch.zeros(64), state2=torch.zeros(64),
+        unorm_vec=None, max_unorm=0.0, param_norm=0.0, beta1=0.9, beta2=0.999, beta3=0.0, alpha=0.0, eps=1e-8,
+        weight_decay=0.0, step=1, lr=1e-3, gnorm_scale=1.0,
+    )  # fmt: skip
+    a.update(kw)
+    ops.optimizer_update_32bit(**a)
+    return a["p"]
+
+
+@reaches("optimizer_update_8bit_blockwise")
+def _opt8_op(**kw) -> torch.Tensor:
+    a = _opt8_args()
+    a.update(weight_decay=0.0, gnorm_scale=1.0)
+    a.update(kw)
+    ops.optimizer_update_8bit_blockwise(**a)
+    return a["p"]
+
+
+def _at_offset(t: torch.Tensor, offset: int = 1) -> torch.Tensor:
+    """The same values, contiguous, at an odd storage offset (a view whose pointer is not aligned)."""
+    flat = torch.cat([t.new_zeros(offset), t.reshape(-1)])
+    return flat[offset:].view(t.shape)
+
+
+case("op optimizer_update_32bit", "p not contiguous", Raises(ValueError, r"\bp\b"))(lambda: _opt32_op(p=_x(128)[::2]))
+case("op optimizer_update_32bit", "g overlapping (stride 0)", Raises(ValueError, r"\bg\b"))(
+    lambda: _opt32_op(g=_x(8).expand(8, 8), p=_x(8, 8), state1=torch.zeros(8, 8), state2=torch.zeros(8, 8))
+)
+case("op optimizer_update_32bit", "max_unorm > 0 without unorm_vec", Raises(ValueError, "unorm_vec"))(
+    lambda: _opt32_op(max_unorm=1.0, param_norm=1.0)
+)
+case("op optimizer_update_32bit", "unorm_vec of 3", Raises(ValueError, "unorm_vec"))(
+    lambda: _opt32_op(unorm_vec=torch.ones(3), max_unorm=1.0, param_norm=1.0)
+)
+case("op optimizer_update_32bit", "step 0", Raises(ValueError, "step"))(lambda: _opt32_op(step=0))
+case("op optimizer_update_32bit", "zero-size", Gives(lambda p: p.numel() == 0, "no-op"))(
+    lambda: _opt32_op(g=torch.empty(0), p=torch.empty(0), state1=torch.empty(0), state2=torch.empty(0))
+)
+case(
+    "op optimizer_update_32bit",
+    "zero-size with max_unorm",
+    Gives(lambda p: p.numel() == 0, "no-op"),
+)(
+    lambda: _opt32_op(
+        g=torch.empty(0),
+        p=torch.empty(0),
+        state1=torch.empty(0),
+        state2=torch.empty(0),
+        unorm_vec=torch.ones(1),
+        max_unorm=1.0,
+        param_norm=1.0,
+    )
+)
+case(
+    "op optimizer_update_32bit",
+    "views at an odd offset",
+    Gives(lambda p: torch.equal(p, _opt32_op()), "same step as aligned tensors"),
+)(lambda: _opt32_op(g=_at_offset(_x(64)), p=_at_offset(_x(64) * 2), state1=_at_offset(torch.zeros(64))))
+case("op optimizer_update_8bit_blockwise", "p not contiguous", Raises(ValueError, r"\bp\b"))(
+    lambda: _opt8_op(p=_x(512)[::2])
+)
+case("op optimizer_update_8bit_blockwise", "state1 not contiguous", Raises(ValueError, "state1"))(
+    lambda: _opt8_op(state1=torch.zeros(512, dtype=torch.uint8)[::2])
+)
+case("op optimizer_update_8bit_blockwise", "absmax2 too short", Raises(ValueError, "absmax2"))(
+    lambda: _opt8_op(absmax2=torch.zeros(0))
+)
+case("op optimizer_update_8bit_blockwise", "zero-size", Gives(lambda p: p.numel() == 0, "no-op"))(
+    lambda: _opt8_op(
+        g=torch.empty(0),
+        p=torch.empty(0),
+        state1=torch.empty(0, dtype=torch.uint8),
+        state2=torch.empty(0, dtype=torch.uint8),
+        absmax1=torch.empty(0),
+        absmax2=torch.empty(0),
+    )
+)
+case(
+    "op optimizer_update_8bit_blockwise",
+    "qmap1 not contiguous",
+    Gives(lambda p: torch.equal(p, _opt8_op()), "same step as a contiguous map"),
+)(lambda: _opt8_op(qmap1=F.create_dynamic_map(True).repeat_interleave(2)[::2]))
+
+
 # ---- maps ---------------------------------------------------------------------------------------------
 case("create_dynamic_map", "total_bits 0", Raises(ValueError, "total_bits"))(lambda: F.create_dynamic_map(total_bits=0))
 case("create_dynamic_map", "signed 'yes'", Raises(TypeError, "signed"))(lambda: F.create_dynamic_map(signed="yes"))
@@ -689,9 +778,123 @@ case("op gemv_4bit.out", "out wrong shape", Raises(ValueError, "out"))(
         _x(1, 64), _q4(shape=(16, 64))[0], [16, 64], _q4(shape=(16, 64))[1].absmax, _q4()[1].code, 64, torch.empty(1, 3)
     )
 )
+case("op dequantize_4bit.out", "out not contiguous", Raises(ValueError, "out"))(
+    lambda: ops.dequantize_4bit.out(
+        _q4()[0], _q4()[1].absmax, 64, "nf4", [8, 64], torch.float32, torch.empty(64, 8).t()
+    )
+)
+case("op dequantize_4bit.out", "out overlapping (stride 0)", Raises(ValueError, "out"))(
+    lambda: ops.dequantize_4bit.out(
+        _q4()[0], _q4()[1].absmax, 64, "nf4", [8, 64], torch.float32, torch.empty(64).expand(8, 64)
+    )
+)
+case("op dequantize_blockwise.out", "out not contiguous", Raises(ValueError, "out"))(
+    lambda: ops.dequantize_blockwise.out(_q8()[0], _q8()[1].absmax, _code(), 64, torch.float32, torch.empty(64, 4).t())
+)
+case("op gemv_4bit.out", "out not contiguous", Raises(ValueError, "out"))(
+    lambda: ops.gemv_4bit.out(
+        _x(2, 64),
+        _q4(shape=(16, 64))[0],
+        [16, 64],
+        _q4(shape=(16, 64))[1].absmax,
+        _q4()[1].code,
+        64,
+        torch.empty(16, 2).t(),
+    )
+)
 case("op int8_linear_matmul.out", "out wrong shape", Raises(ValueError, "out"))(
     lambda: ops.int8_linear_matmul.out(_i8(4, 8), _i8(3, 8), torch.empty(4, 4, dtype=torch.int32))
 )
+
+
+# ---- zero-size, views at odd offsets, overflow: the documented results --------------------------------
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # Matmuls may sum in another order on another path (aligned vector loads or not); values agree closely.
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+case("op gemv_4bit", "zero rows", Gives(lambda r: r.shape == (0, 16), "empty [0, 16]"))(lambda: _gemv(A=_x(0, 64)))
+case("op gemm_4bit", "zero rows", Gives(lambda r: r.shape == (0, 16), "empty [0, 16]"))(lambda: _gemm(A=_x(0, 64)))
+case("op gemv_4bit", "A not contiguous", Gives(lambda r: _close(r, _gemv(A=_x(2, 128)[:, ::2].contiguous())), "same"))(
+    lambda: _gemv(A=_x(2, 128)[:, ::2])
+)
+case("op gemv_4bit", "A at an odd offset", Gives(lambda r: _close(r, _gemv(A=_x(3, 64))), "same as aligned"))(
+    lambda: _gemv(A=_at_offset(_x(3, 64)))
+)
+case(
+    "op gemv_4bit",
+    "B at an odd offset",
+    Gives(lambda r: _close(r, _gemv()), "same as aligned"),
+)(lambda: _gemv(B=_at_offset(_q4(shape=(16, 64))[0])))
+case("op gemm_4bit", "A not contiguous, 12 rows", Gives(lambda r: _close(r, _gemm(A=_x(12, 64))), "same"))(
+    lambda: _gemm(A=_x(12, 64).t().contiguous().t())
+)
+case(
+    "op quantize_4bit",
+    "A at an odd offset",
+    Gives(lambda r: torch.equal(r[0], F.quantize_4bit(_x(8, 64))[0]), "same codes as aligned"),
+)(lambda: F.quantize_4bit(_at_offset(_x(8, 64))))
+case(
+    "op dequantize_blockwise",
+    "codes at an odd offset",
+    Gives(lambda r: torch.equal(r, F.dequantize_blockwise(*_q8())), "same as aligned"),
+)(lambda: F.dequantize_blockwise(_at_offset(_q8()[0]), _q8()[1]))
+case(
+    "dequantize_4bit",
+    "shape [0, 64]",
+    Gives(lambda r: r.shape == (0, 64), "empty [0, 64]"),
+)(lambda: ops.dequantize_4bit(torch.empty(0, dtype=torch.uint8), torch.empty(0), 64, "nf4", [0, 64], torch.float32))
+case(
+    "int8_vectorwise_quant",
+    "zero columns, threshold 1",
+    Gives(
+        lambda r: r[0].shape == (4, 0) and torch.equal(r[1], torch.zeros(4)) and r[2].numel() == 0,
+        "empty codes, stats 0, no outliers",
+    ),
+)(lambda: F.int8_vectorwise_quant(torch.empty(4, 0, dtype=torch.float16), threshold=1.0))
+case(
+    "int8_vectorwise_quant",
+    "A not contiguous",
+    Gives(
+        lambda r: torch.equal(r[0], F.int8_vectorwise_quant(_x(8, 4).half().t().contiguous())[0]),
+        "same as contiguous copy",
+    ),
+)(lambda: F.int8_vectorwise_quant(_x(8, 4).half().t()))
+case("int8_vectorwise_dequant", "zero rows", Gives(lambda r: r.shape == (0, 4), "empty [0, 4]"))(
+    lambda: F.int8_vectorwise_dequant(torch.empty(0, 4, dtype=torch.int8), torch.empty(0))
+)
+case("int8_mm_dequant", "zero rows", Gives(lambda r: r.shape == (0, 3), "empty [0, 3]"))(
+    lambda: F.int8_mm_dequant(torch.empty(0, 3, dtype=torch.int32), torch.empty(0), torch.ones(3))
+)
+case("int8_linear_matmul", "K = 0", Gives(lambda r: torch.equal(r, torch.zeros(4, 3, dtype=torch.int32)), "zeros"))(
+    lambda: F.int8_linear_matmul(torch.empty(4, 0, dtype=torch.int8), torch.empty(3, 0, dtype=torch.int8))
+)
+case("int8_double_quant", "zero rows", Gives(lambda r: r[0].shape == (0, 4) and r[2].numel() == 0, "empty"))(
+    lambda: F.int8_double_quant(torch.empty(0, 4, dtype=torch.float16))
+)
+case("op int8_mixed_scaled_mm", "outlier_cols on meta", Raises(ValueError, "outlier_cols"))(
+    lambda: _mixed(torch.tensor([1], device=META))
+)
+
+
+def _offset_overflow(quant_type: str) -> torch.Tensor:
+    # Four blocks with scales of 1e38: finite, but their float32 sum (the offset's mean) is +inf.
+    A = torch.full((4, 64), 1e38)
+    q, qs = F.quantize_4bit(A, blocksize=64, quant_type=quant_type, compress_statistics=True)
+    assert torch.isfinite(A).all() and qs.nested
+    return F.dequantize_4bit(q, qs)
+
+
+# Policy (docs/pages/formats.md, "Overflow of the offset"): upstream's bytes, so the whole tensor goes
+# non-finite; what must never happen is a plausible finite result.
+for _qt in ("nf4", "fp4"):
+    case(
+        "NaN/Inf policy",
+        f"compress_statistics {_qt}: offset overflows",
+        Gives(lambda r: not torch.isfinite(r).any(), "every value non-finite"),
+        via=("quantize_4bit", "dequantize_4bit", "quantize_blockwise", "dequantize_blockwise"),
+    )(lambda _qt=_qt: _offset_overflow(_qt))
+
 
 # ---- huge sizes: shape arithmetic must not wrap at 2**31 (checked on meta, where nothing is allocated) ---
 _HUGE = 2**31 + 64 * 3
