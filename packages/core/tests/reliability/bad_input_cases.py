@@ -128,6 +128,7 @@ class Case:
     ops: frozenset[str]  # the ops whose kernels the call reaches (or would, were the arguments good)
     calls_ops: bool  # calls ``ops.<name>`` (so ``direct`` hands it to a backend's function)
     on_device: bool  # False where the tensors are on meta: torch sends those to the fake kernels
+    direct: Raises | Gives | None  # what a direct call must do where torch.ops' schema converts the argument
 
     @property
     def id(self) -> str:
@@ -154,7 +155,14 @@ def reaches(*op_names: str, calls_ops: bool = True):
     return deco
 
 
-def case(group: str, name: str, expect: Raises | Gives, via: tuple[str, ...] = (), on_device: bool = True):
+def case(
+    group: str,
+    name: str,
+    expect: Raises | Gives,
+    via: tuple[str, ...] = (),
+    on_device: bool = True,
+    direct: Raises | Gives | None = None,
+):
     """Add a case. Which ops it reaches is read from the names its function uses (``ops.X``, ``F.X`` for an
     op X, helpers marked with ``reaches``), plus ``via`` for a module whose forward calls the op."""
 
@@ -164,27 +172,28 @@ def case(group: str, name: str, expect: Raises | Gives, via: tuple[str, ...] = (
         found = {n for n in names if n in OP_NAMES} | {_FACADE_OPS[n] for n in names if n in _FACADE_OPS}
         found |= set(via).union(*(h.reaches for h in helpers))
         calls_ops = "ops" in names or any(h.calls_ops for h in helpers)
-        CASES.append(Case(group, name, fn, expect, frozenset(found), calls_ops, on_device))
+        CASES.append(Case(group, name, fn, expect, frozenset(found), calls_ops, on_device, direct))
         return fn
 
     return deco
 
 
-def run(c: Case) -> str:
-    """Run one case and check its expectation; returns the row's outcome."""
-    if isinstance(c.expect, Raises):
+def run(c: Case, expect: Raises | Gives | None = None) -> str:
+    """Run one case and check its expectation (``c.expect`` unless given); returns the row's outcome."""
+    expect = expect or c.expect
+    if isinstance(expect, Raises):
         try:
             c.fn()
         except EmulationError:
             raise  # an out-of-bounds access, a deadlock, ... in an emulated kernel: never an expected outcome
-        except c.expect.exc as e:
+        except expect.exc as e:
             message = str(e)
-            assert re.search(c.expect.pattern, message), f"message does not name {c.expect.pattern!r}: {message}"
+            assert re.search(expect.pattern, message), f"message does not name {expect.pattern!r}: {message}"
             return f"raises: {type(e).__name__}"
-        raise AssertionError(f"{c.id}: expected {c.expect.exc}, nothing was raised")
+        raise AssertionError(f"{c.id}: expected {expect.exc}, nothing was raised")
     result = c.fn()
-    assert c.expect.check(result), f"{c.id}: expected {c.expect.what}"
-    return c.expect.describe()
+    assert expect.check(result), f"{c.id}: expected {expect.what}"
+    return expect.describe()
 
 
 def for_backend(impls: Mapping[str, Callable]) -> list[Case]:
@@ -212,7 +221,7 @@ def run_on_backend(c: Case, mode: str, impls: Mapping[str, Callable], reached: s
     """``run`` with ``impls`` as the kernels (``registered_for_cpu`` active, its set is ``reached``)."""
     if mode == "direct":
         with direct(impls):
-            return run(c)
+            return run(c, c.direct)
     reached.clear()
     outcome = run(c)
     # A result is only evidence about the backend if its kernels computed it.
@@ -707,6 +716,21 @@ case(
     "views at an odd offset",
     Gives(lambda p: torch.equal(p, _opt32_op()), "same step as aligned tensors"),
 )(lambda: _opt32_op(g=_at_offset(_x(64)), p=_at_offset(_x(64) * 2), state1=_at_offset(torch.zeros(64))))
+case("op optimizer_update_32bit", "lr as a string", Raises((TypeError, RuntimeError), r"\blr\b"))(
+    lambda: _opt32_op(lr="0.001")
+)
+# torch.ops' schema reads a one-element tensor given for a float; the kernel functions take numbers only.
+case(
+    "op optimizer_update_8bit_blockwise",
+    "lr as a 0-d tensor",
+    Gives(lambda p: torch.equal(p, _opt8_op(lr=0.25)), "the step of lr=0.25"),
+    direct=Raises(TypeError, r"\blr\b"),
+)(lambda: _opt8_op(lr=torch.tensor(0.25)))
+case(
+    "op optimizer_update_8bit_blockwise",
+    "qmap1 of shape [16, 16]",
+    Gives(lambda p: torch.equal(p, _opt8_op()), "same step as the flat map"),
+)(lambda: _opt8_op(qmap1=F.create_dynamic_map(True).view(16, 16)))
 case("op optimizer_update_8bit_blockwise", "p not contiguous", Raises(ValueError, r"\bp\b"))(
     lambda: _opt8_op(p=_x(512)[::2])
 )
@@ -813,6 +837,21 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+# The contracts count a map's elements: any shape of 256 (16 for gemv) is the flat map. Regression: the
+# reference kernels used to index a 2-D map by rows (IndexError, or bucketize's "must be 1 dimension").
+case(
+    "op quantize_blockwise",
+    "code of shape [16, 16]",
+    Gives(lambda r: torch.equal(r[0], ops.quantize_blockwise(_x(64), _code(), 64)[0]), "same as the flat code"),
+)(lambda: ops.quantize_blockwise(_x(64), _code().view(16, 16), 64))
+case(
+    "op dequantize_blockwise",
+    "code of shape [16, 16]",
+    Gives(lambda r: torch.equal(r, F.dequantize_blockwise(*_q8())), "same as the flat code"),
+)(lambda: ops.dequantize_blockwise(_q8()[0], _q8()[1].absmax, _code().view(16, 16), 64, torch.float32))
+case("op gemv_4bit", "code of shape [4, 4]", Gives(lambda r: _close(r, _gemv()), "same as the flat code"))(
+    lambda: _gemv(code=_q4()[1].code.view(4, 4))
+)
 case("op gemv_4bit", "zero rows", Gives(lambda r: r.shape == (0, 16), "empty [0, 16]"))(lambda: _gemv(A=_x(0, 64)))
 case("op gemm_4bit", "zero rows", Gives(lambda r: r.shape == (0, 16), "empty [0, 16]"))(lambda: _gemm(A=_x(0, 64)))
 case("op gemv_4bit", "A not contiguous", Gives(lambda r: _close(r, _gemv(A=_x(2, 128)[:, ::2].contiguous())), "same"))(

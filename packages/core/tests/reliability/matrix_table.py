@@ -31,7 +31,7 @@ class _Report:
         tr.section("bad-input matrix (cases x outcome)")
         widths = [max(len(row[i]) for row in ROWS) for i in range(3)]
         for row in sorted(ROWS):
-            tr.write_line("  ".join(f"{v:<{w}}" for v, w in zip(row, widths, strict=False)) + row[3])
+            tr.write_line("  ".join([*(f"{v:<{w}}" for v, w in zip(row, widths, strict=False)), row[3]]))
         tr.write_line(f"bad-input cases: {len(ROWS)} ({_counts(ROWS)})")
         for backend in sorted({r[0] for r in ROWS}):
             rows = [r for r in ROWS if r[0] == backend]
