@@ -15,6 +15,8 @@ import torch
 from bitsandbytes.testing import emu
 from bitsandbytes.testing.emu.errors import EmulationError
 from bitsandbytes_cuda import launch, ops
+from bitsandbytes_cuda.ops import _common
+from bitsandbytes_cuda.ops import quant as quant_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "packages" / "core" / "tests" / "reliability"))
 import bad_input_cases as cases
@@ -40,6 +42,41 @@ def reached(request):
 def test_bad_input(reached, case, mode):
     outcome = cases.run_on_backend(case, mode, IMPLS, reached)
     matrix_table.record(BACKEND, f"{case.group} [{mode}]", case.name, outcome)
+
+
+# The glue's own arithmetic at sizes past int32 (2**40 values; nothing is allocated): every launch it would
+# make stays within CUDA's grid and block limits, which launch() enforces (ValueError naming the dimension).
+_HUGE = 2**40
+
+
+def _fits(geometry) -> bool:
+    grid, block = geometry
+    b = launch.normalize_dim(block, "block", launch._MAX_BLOCK)
+    launch.normalize_dim(grid, "grid", launch._MAX_GRID)
+    return b[0] * b[1] * b[2] <= 1024
+
+
+_WITHIN = cases.Gives(_fits, "grid and block within CUDA's limits")
+
+
+def _glue(name, fn, expect):
+    return cases.local_case("launch geometry, 2**40 values", name, fn, expect)
+
+
+GLUE = [
+    _glue("quantize, blocksize 32", lambda: quant_ops.quantize_geometry(_HUGE, 32), _WITHIN),
+    _glue("quantize, blocksize 4096", lambda: quant_ops.quantize_geometry(_HUGE, 4096), _WITHIN),
+    _glue("dequantize", lambda: quant_ops.dequantize_geometry(_HUGE), _WITHIN),
+    _glue("rows x 8 columns", lambda: _common.rows_cols_geometry(_HUGE // 8, 8), _WITHIN),
+    _glue("8 rows x columns", lambda: _common.rows_cols_geometry(8, 2**31 - 1), _WITHIN),
+    _glue("elementwise", lambda: (_common.elementwise_grid(_HUGE), 256), _WITHIN),
+]
+
+
+@pytest.mark.parametrize("case", GLUE, ids=[c.id for c in GLUE])
+def test_glue(case, request):
+    matrix_table.install(request.config)
+    matrix_table.record(BACKEND, case.group, case.name, cases.run(case))
 
 
 def test_every_op_has_rows():

@@ -15,6 +15,8 @@ import torch
 from bitsandbytes.testing import emu
 from bitsandbytes.testing.emu.errors import EmulationError
 from bitsandbytes_mps import library, ops
+from bitsandbytes_mps.ops import _common
+from bitsandbytes_mps.ops import quant as quant_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "packages" / "core" / "tests" / "reliability"))
 import bad_input_cases as cases
@@ -44,6 +46,33 @@ def reached(request):
 def test_bad_input(reached, case, mode):
     outcome = cases.run_on_backend(case, mode, IMPLS, reached)
     matrix_table.record(BACKEND, f"{case.group} [{mode}]", case.name, outcome)
+
+
+# The glue's own arithmetic at sizes past int32 (2**40 values; nothing is allocated): threadgroups stay
+# within Apple's 1024 threads, and a launch past the kernels' 32-bit thread positions goes to the reference.
+_HUGE = 2**40
+_GROUP_OK = cases.Gives(lambda g: 1 <= g[1] <= 1024 and g[0] >= g[1], "threadgroup of at most 1024")
+
+
+def _glue(name, fn, expect):
+    return cases.local_case("launch geometry, 2**40 values", name, fn, expect)
+
+
+GLUE = [
+    _glue("quantize, blocksize 32", lambda: quant_ops.quantize_geometry(_HUGE, 32), _GROUP_OK),
+    _glue("quantize, blocksize 4096", lambda: quant_ops.quantize_geometry(_HUGE, 4096), _GROUP_OK),
+    _glue("dequantize", lambda: quant_ops.dequantize_geometry(_HUGE), _GROUP_OK),
+    _glue(
+        "2**32 threads: reference",
+        lambda: _common.native("dequantize_4bit_nf4_f32", 2**32),
+        cases.Gives(lambda native: native is False, "not native (the reference serves it)"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", GLUE, ids=[c.id for c in GLUE])
+def test_glue(case, reached):
+    matrix_table.record(BACKEND, case.group, case.name, cases.run(case))
 
 
 def test_every_op_has_rows():

@@ -196,6 +196,11 @@ def run(c: Case, expect: Raises | Gives | None = None) -> str:
     return expect.describe()
 
 
+def local_case(group: str, name: str, fn: Callable[[], Any], expect: Raises | Gives) -> Case:
+    """A case of one backend's own (not in CASES), for ``run``."""
+    return Case(group, name, fn, expect, frozenset(), False, True, None)
+
+
 def for_backend(impls: Mapping[str, Callable]) -> list[Case]:
     """The cases that reach an op ``impls`` implements on a device (those are the backend's rows)."""
     implemented = {op.split(".")[0] for op in impls}
@@ -851,6 +856,22 @@ case(
 )(lambda: ops.dequantize_blockwise(_q8()[0], _q8()[1].absmax, _code().view(16, 16), 64, torch.float32))
 case("op gemv_4bit", "code of shape [4, 4]", Gives(lambda r: _close(r, _gemv()), "same as the flat code"))(
     lambda: _gemv(code=_q4()[1].code.view(4, 4))
+)
+
+
+def _empty_weight(N: int, K: int):
+    B, qs = F.quantize_4bit(torch.empty(N, K), blocksize=64)
+    return dict(B=B, shapeB=[N, K], absmax=qs.absmax)
+
+
+case("op gemv_4bit", "K = 0", Gives(lambda r: torch.equal(r, torch.zeros(1, 16)), "zeros [1, 16]"))(
+    lambda: _gemv(A=_x(1, 0), **_empty_weight(16, 0))
+)
+case("op gemm_4bit", "K = 0, with bias", Gives(lambda r: torch.equal(r, torch.ones(9, 16)), "the bias in every row"))(
+    lambda: _gemm(A=_x(9, 0), bias=torch.ones(16), **_empty_weight(16, 0))
+)
+case("op gemm_4bit", "N = 0", Gives(lambda r: r.shape == (9, 0), "empty [9, 0]"))(
+    lambda: _gemm(A=_x(9, 64), **_empty_weight(0, 64))
 )
 case("op gemv_4bit", "zero rows", Gives(lambda r: r.shape == (0, 16), "empty [0, 16]"))(lambda: _gemv(A=_x(0, 64)))
 case("op gemm_4bit", "zero rows", Gives(lambda r: r.shape == (0, 16), "empty [0, 16]"))(lambda: _gemm(A=_x(0, 64)))
