@@ -155,7 +155,15 @@ def _one_rank(rank, world_size, ckpt_dir):
     opt = _optimizer(RESUMED, net)
     _train(net, opt, 0, RESUME_AT)
     _save(net, opt, os.path.join(ckpt_dir, "ws1"))
-    return _diff(_full(net), _full(_reference(RESUMED, RESUME_AT)[0]))
+    out = {"trajectory": _diff(_full(net), _full(_reference(RESUMED, RESUME_AT)[0]))}
+    # On a 1-rank mesh nothing is split, so the LAMB trust ratio (whole-tensor norms) is allowed and exact.
+    import bitsandbytes as bnb
+
+    net, ref = _sharded(), _Net()
+    for model in (net, ref):
+        _train(model, bnb.optim.LAMB32bit(model.parameters(), lr=1e-3), 0, 2)
+    out["lamb"] = _diff(_full(net), _full(ref))
+    return out
 
 
 def _two_ranks(rank, world_size, ckpt_dir):
@@ -166,6 +174,7 @@ def _two_ranks(rank, world_size, ckpt_dir):
         set_optimizer_state_dict,
     )
 
+    import bitsandbytes as bnb
     from bitsandbytes.optim import _portable
 
     out = {"trajectory": {}, "local_numel": {}}
@@ -229,6 +238,18 @@ def _two_ranks(rank, world_size, ckpt_dir):
     set_optimizer_state_dict(net4, opt4, plain_sd, options=_options(full_state_dict=True))
     _train(net4, opt4, RESUME_AT, STEPS)
     out["plain_to_sharded"] = _diff(_full(net4), ref_final)
+
+    # Refused rather than computed per shard: the trust ratio of 32-bit LAMB on split parameters.
+    lamb_net = _sharded()
+    try:
+        _train(lamb_net, bnb.optim.LAMB32bit(lamb_net.parameters(), lr=1e-3), 0, 1)
+    except NotImplementedError as e:
+        out["lamb_error"] = str(e)
+    # A sharded state dict (DTensor states) given to plain parameters: gather it first.
+    try:
+        _optimizer(RESUMED, _Net()).load_state_dict(opt.state_dict())
+    except ValueError as e:
+        out["dtensor_into_plain_error"] = str(e)
 
     if rank == 0:
         # The gathered state dict: portable fp32 state shaped like each parameter, no block data; it decodes
@@ -299,7 +320,14 @@ def _assert_close(diffs: dict[str, float], what: str) -> None:
 
 
 def test_one_rank_mesh_equals_single_process(one_rank):
-    assert all(d == 0.0 for d in one_rank[0].values()), one_rank[0]
+    assert all(d == 0.0 for d in one_rank[0]["trajectory"].values()), one_rank[0]
+    assert all(d == 0.0 for d in one_rank[0]["lamb"].values()), one_rank[0]
+
+
+def test_what_needs_the_whole_parameter_is_refused_clearly(two_ranks):
+    for res in two_ranks:
+        assert "max_unorm > 0" in res["lamb_error"] and "sharded across ranks" in res["lamb_error"]
+        assert "['state1'] is a DTensor but its parameter is not sharded" in res["dtensor_into_plain_error"]
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
