@@ -408,3 +408,20 @@ def test_single_process_state_dict_loads_into_sharded(two_ranks):
     assert two_ranks[0]["plain_layout"] == ["__bnb_optimizer_quant_state__", "step"]
     for res in two_ranks:
         _assert_close(res["plain_to_sharded"], "single process -> 2 ranks")
+
+
+@pytest.mark.filterwarnings("ignore:PagedAdamW8bit. device 'cpu' has no paged")
+def test_sharded_checkpoint_converted_loads_into_single_process(two_ranks, ckpt_dir):
+    # 2 ranks -> one process without FSDP: DCP's own converter gives a full torch.save file of portable state.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = os.path.join(ckpt_dir, "ws2.pt")
+    dcp_to_torch_save(os.path.join(ckpt_dir, "ws2"), path)
+    sd = torch.load(path, weights_only=False)
+    net = _Net(seed=7)
+    net.load_state_dict(sd["model"])
+    opt = _optimizer(RESUMED, net)
+    opt.load_state_dict(sd["optim"])
+    assert opt.state[net.side.weight]["state1"].dtype == torch.uint8
+    _train(net, opt, RESUME_AT, STEPS)
+    _assert_close(_diff(_full(net), _full(_reference(RESUMED, STEPS)[0])), "2 ranks -> single process (converted)")

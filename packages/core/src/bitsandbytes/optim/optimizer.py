@@ -493,6 +493,7 @@ class _StatefulBase(Optimizer8bit):
         # The kernels need dense, contiguous tensors.
         if _dtensor.is_dtensor(p):
             # A sharded parameter steps on its local shard (which may hold no elements at all).
+            _dtensor.check_reduced(p.grad)
             grad, target = p.grad, _dtensor.local(p)
             work = target if target.is_contiguous() else target.contiguous()
         else:
