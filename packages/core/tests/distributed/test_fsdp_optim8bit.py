@@ -10,7 +10,8 @@ The model (``_Net``) has two independent parts:
   18 rows of 64 = 2.25 or 4.5 blocks), so its absmax differ and it follows the single-process run only within
   the 8-bit format's error (``SIDE_ATOL``, see there). Being independent, it cannot disturb ``body``.
 
-One spawn per world size checks many things (the fixtures); the test functions read its results.
+One spawn per world size checks many things (the fixtures); the test functions read its results. The 2-rank
+spawn also runs FSDP2 on a 1-rank mesh (rank 0 alone) for the 1 -> 2 checkpoint.
 """
 
 from __future__ import annotations
@@ -71,14 +72,14 @@ class _Net(torch.nn.Module):
         return torch.nn.functional.mse_loss(self.body(x), y) + torch.nn.functional.mse_loss(self.side(x), z)
 
 
-def _sharded(seed: int = 0) -> _Net:
+def _sharded(seed: int = 0, mesh=None) -> _Net:
     from torch.distributed.fsdp import fully_shard
 
     net = _Net(seed)
     for module in net.modules():
         if isinstance(module, torch.nn.Linear):
-            fully_shard(module)
-    fully_shard(net)
+            fully_shard(module, mesh=mesh)
+    fully_shard(net, mesh=mesh)
     return net
 
 
@@ -120,11 +121,12 @@ def _options(**kw):
     return StateDictOptions(**kw)
 
 
-def _save(net, opt, path: str) -> None:
+def _save(net, opt, path: str, group=None) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    dcp.save({"model": get_model_state_dict(net), "optim": get_optimizer_state_dict(net, opt)}, checkpoint_id=path)
+    sd = {"model": get_model_state_dict(net), "optim": get_optimizer_state_dict(net, opt)}
+    dcp.save(sd, checkpoint_id=path, process_group=group)
 
 
 def _resume_sharded(name: str, path: str) -> tuple[_Net, object]:
@@ -149,17 +151,24 @@ def _resume_sharded(name: str, path: str) -> tuple[_Net, object]:
 # ---- rank functions ---------------------------------------------------------------------------------
 
 
-def _one_rank(rank, world_size, ckpt_dir):
-    """FSDP2 on a single rank (a 1-rank mesh): train to RESUME_AT and save the checkpoint the 2-rank run loads."""
-    net = _sharded()
-    opt = _optimizer(RESUMED, net)
-    _train(net, opt, 0, RESUME_AT)
-    _save(net, opt, os.path.join(ckpt_dir, "ws1"))
-    out = {"trajectory": _diff(_full(net), _full(_reference(RESUMED, RESUME_AT)[0]))}
-    # On a 1-rank mesh nothing is split, so the LAMB trust ratio (whole-tensor norms) is allowed and exact.
+def _one_rank_mesh(rank, ckpt_dir):
+    """FSDP2 on a 1-rank mesh (rank 0 alone): train to RESUME_AT and save the checkpoint that 2 ranks load."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
     import bitsandbytes as bnb
 
-    net, ref = _sharded(), _Net()
+    group = dist.new_group([0])  # collective: every rank creates it
+    if rank != 0:
+        return None
+    mesh = DeviceMesh.from_group(group, "cpu")
+    net = _sharded(mesh=mesh)
+    opt = _optimizer(RESUMED, net)
+    _train(net, opt, 0, RESUME_AT)
+    _save(net, opt, os.path.join(ckpt_dir, "ws1"), group)
+    out = {"trajectory": _diff(_full(net), _full(_reference(RESUMED, RESUME_AT)[0]))}
+    # On a 1-rank mesh nothing is split, so the LAMB trust ratio (whole-tensor norms) is allowed and exact.
+    net, ref = _sharded(mesh=mesh), _Net()
     for model in (net, ref):
         _train(model, bnb.optim.LAMB32bit(model.parameters(), lr=1e-3), 0, 2)
     out["lamb"] = _diff(_full(net), _full(ref))
@@ -167,6 +176,7 @@ def _one_rank(rank, world_size, ckpt_dir):
 
 
 def _two_ranks(rank, world_size, ckpt_dir):
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -177,7 +187,10 @@ def _two_ranks(rank, world_size, ckpt_dir):
     import bitsandbytes as bnb
     from bitsandbytes.optim import _portable
 
-    out = {"trajectory": {}, "local_numel": {}}
+    out = {"one_rank": _one_rank_mesh(rank, ckpt_dir)}
+    dist.barrier()  # the 1-rank checkpoint is complete
+
+    out.update(trajectory={}, local_numel={})
     for name in OPTIMIZERS:
         ref_net, ref_opt = _reference(name, STEPS)
         net = _sharded()
@@ -214,7 +227,7 @@ def _two_ranks(rank, world_size, ckpt_dir):
     _train(net2, opt2, RESUME_AT, STEPS)
     out["resume_2_to_2"] = _diff(_full(net2), sharded_final)
 
-    # 1 -> 2: the checkpoint of the 1-rank FSDP2 run.
+    # 1 -> 2: the checkpoint of the 1-rank mesh.
     net2, opt2 = _resume_sharded(RESUMED, os.path.join(ckpt_dir, "ws1"))
     _train(net2, opt2, RESUME_AT, STEPS)
     out["resume_1_to_2"] = _diff(_full(net2), ref_final)
@@ -296,12 +309,7 @@ def ckpt_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_rank(ckpt_dir):
-    return run_ranks(_one_rank, 1, ckpt_dir)
-
-
-@pytest.fixture(scope="module")
-def two_ranks(ckpt_dir, one_rank):
+def two_ranks(ckpt_dir):
     return run_ranks(_two_ranks, 2, ckpt_dir)
 
 
@@ -319,9 +327,10 @@ def _assert_close(diffs: dict[str, float], what: str) -> None:
             assert d <= SIDE_ATOL, f"{what}: {name} differs by {d} > {SIDE_ATOL}"
 
 
-def test_one_rank_mesh_equals_single_process(one_rank):
-    assert all(d == 0.0 for d in one_rank[0]["trajectory"].values()), one_rank[0]
-    assert all(d == 0.0 for d in one_rank[0]["lamb"].values()), one_rank[0]
+def test_one_rank_mesh_equals_single_process(two_ranks):
+    one_rank = two_ranks[0]["one_rank"]
+    assert all(d == 0.0 for d in one_rank["trajectory"].values()), one_rank
+    assert all(d == 0.0 for d in one_rank["lamb"].values()), one_rank
 
 
 def test_what_needs_the_whole_parameter_is_refused_clearly(two_ranks):
