@@ -13,6 +13,11 @@ State of one parameter (the keys upstream uses, so state dicts load across the t
 
 ``state_dict()`` moves all of these but ``step`` under ``"__bnb_optimizer_quant_state__"`` in each parameter's
 entry (as upstream, so that FSDP does not try to gather them as if shaped like the parameter).
+
+Sharded (DTensor) parameters, as FSDP2 gives them, step on their local shard with state for that shard only;
+their ``state_dict()`` entries hold ``state1``/``state2`` in a portable form instead (fp32 DTensors laid out
+like the parameter, see ``_portable`` and ``load_state_dict``), which torch.distributed.checkpoint can gather
+and reshard.
 """
 
 from __future__ import annotations
@@ -263,11 +268,11 @@ class Optimizer8bit(torch.optim.Optimizer):
         A parameter's state comes in one of two forms: native (``state1``/``state2`` with their ``qmap``/``absmax``
         under the wrapper key, upstream's layout, used by plain parameters; uint8 codes at the top level are
         read as native too) or portable (fp32 ``state1``/``state2`` at the entry's top level, whole or as
-        DTensors, used by sharded parameters). Portable state
-        is cut to the parameter's local shard and encoded to the precision the optimizer uses for it (8-bit
-        or 32-bit); native state of a sharded parameter is decoded and treated the same way. When an entry
-        holds both forms, the one the parameter does *not* use is loaded: torch.distributed.checkpoint merges
-        a checkpoint of the other form into the optimizer's own state dict, so that one is the checkpoint.
+        DTensors, used by sharded parameters). Portable state is cut to the parameter's local shard and
+        encoded to the precision the optimizer uses for it (8-bit or 32-bit); native state of a sharded
+        parameter is decoded and treated the same way. When an entry holds both forms, the one the parameter
+        does *not* use is loaded: torch.distributed.checkpoint merges a checkpoint of the other form into the
+        optimizer's own state dict, so that one is the checkpoint.
         """
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("state_dict must be a dict with 'state' and 'param_groups' (from state_dict())")
