@@ -242,10 +242,18 @@ def _two_ranks(rank, world_size, ckpt_dir):
     _train(net3, opt3, RESUME_AT, STEPS)
     out["broadcast_full"] = _diff(_full(net3), sharded_final)
 
+    # ... but broadcast from rank 0 it reaches rank 0 only (DCP drops keys the receiver lacks on the others):
+    # refused on every rank instead of rank 0 alone loading it.
+    plain_sd = get_optimizer_state_dict(ref_net, ref_opt)
+    try:
+        set_optimizer_state_dict(net3, opt3, copy.deepcopy(plain_sd) if rank == 0 else {}, options=broadcast)
+    except ValueError as e:
+        out["broadcast_plain_error"] = str(e)
+    out["broadcast_plain_kept_state"] = _diff(_full(net3), sharded_final)
+
     # Single-process (plain parameters, upstream's 8-bit layout) -> sharded, every rank holding the full dict.
     net4 = _sharded(seed=7)
     opt4 = _optimizer(RESUMED, net4)
-    plain_sd = get_optimizer_state_dict(ref_net, ref_opt)
     out["plain_layout"] = sorted(plain_sd["state"]["body.0.weight"])
     set_model_state_dict(net4, ref_net.state_dict(), options=_options(full_state_dict=True))
     set_optimizer_state_dict(net4, opt4, plain_sd, options=_options(full_state_dict=True))
@@ -411,6 +419,12 @@ def test_full_state_dict_loads_into_single_process(two_ranks):
     assert res["full_to_plain_dtypes"] == (torch.uint8, torch.uint8, (9,))
     assert res["full_to_plain_upstream_layout"] == ["__bnb_optimizer_quant_state__", "step"]
     _assert_close(res["full_to_plain"], "2 ranks -> single process")
+
+
+def test_broadcasting_a_single_process_state_dict_is_refused_on_every_rank(two_ranks):
+    for res in two_ranks:
+        assert "on some ranks only" in res["broadcast_plain_error"]
+        assert all(d == 0.0 for d in res["broadcast_plain_kept_state"].values())  # nothing was changed
 
 
 def test_single_process_state_dict_loads_into_sharded(two_ranks):

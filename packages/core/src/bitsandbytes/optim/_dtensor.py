@@ -96,3 +96,14 @@ def global_squared_norm(grad: torch.Tensor) -> torch.Tensor:
     squared = grad.to_local().float().square().sum()
     # Partial over the sharded mesh dimensions: full_tensor() sums the ranks' parts (one all-reduce).
     return DTensor.from_local(squared, grad.device_mesh, placements, run_check=False).full_tensor()
+
+
+def agree(flag: bool, p: torch.Tensor) -> bool:
+    """Whether ``flag`` is the same on every rank of ``p``'s device mesh (a collective over that mesh)."""
+    import torch.distributed as dist
+
+    mesh = p.device_mesh
+    t = torch.tensor([int(flag), -int(flag)], dtype=torch.int32, device=p.to_local().device)
+    for dim in range(mesh.ndim):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+    return int(t[0]) == -int(t[1])
