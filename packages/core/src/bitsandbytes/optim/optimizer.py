@@ -13,6 +13,11 @@ State of one parameter (the keys upstream uses, so state dicts load across the t
 
 ``state_dict()`` moves all of these but ``step`` under ``"__bnb_optimizer_quant_state__"`` in each parameter's
 entry (as upstream, so that FSDP does not try to gather them as if shaped like the parameter).
+
+Sharded (DTensor) parameters, as FSDP2 gives them, step on their local shard with state for that shard only;
+their ``state_dict()`` entries hold ``state1``/``state2`` in a portable form instead (fp32 DTensors laid out
+like the parameter, see ``_portable`` and ``load_state_dict``), which torch.distributed.checkpoint can gather
+and reshard.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from .. import _checks
 from .. import functional as F
 from .._functional.paged import has_paged_memory
 from .._ops import OPTIMIZER_BLOCKSIZE
-from . import _args
+from . import _args, _dtensor, _portable
 from .manager import GlobalOptimManager
 
 __all__ = ["MockArgs", "Optimizer1State", "Optimizer2State", "Optimizer8bit"]
@@ -48,6 +53,24 @@ class MockArgs:
 
 def _blocks(n: int) -> int:
     return -(-n // OPTIMIZER_BLOCKSIZE)
+
+
+_STATE_KEYS = ("state1", "state2")
+# Per-block data of 8-bit state: meaningful only for the tensor (shard) it was computed on.
+_BLOCK_KEYS = ("qmap1", "qmap2", "absmax1", "absmax2")
+
+
+def _record_gnorm(gnorm_vec: torch.Tensor, squared_norm: torch.Tensor, step: int, percentile: int) -> torch.Tensor:
+    """``F.percentile_clipping``'s history update and scale, from a squared norm computed elsewhere (all ranks)."""
+    slot = step % _GNORM_HISTORY
+    gnorm_vec[slot] = 0.0
+    if step == 1:
+        gnorm_vec.add_(squared_norm)
+    else:
+        gnorm_vec[slot] = squared_norm
+    current = gnorm_vec[slot].sqrt()
+    clip = torch.sort(gnorm_vec).values[percentile].sqrt()
+    return torch.where(current > clip, clip / current, torch.ones_like(clip))
 
 
 class Optimizer8bit(torch.optim.Optimizer):
@@ -106,6 +129,7 @@ class Optimizer8bit(torch.optim.Optimizer):
 
     def _paged(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s state goes to paged memory; warns once per device type when paging is unavailable."""
+        p = _dtensor.local(p)
         if not self.is_paged:
             return False
         if not has_paged_memory(p.device):
@@ -120,7 +144,11 @@ class Optimizer8bit(torch.optim.Optimizer):
         return p.numel() >= _PAGED_MIN_NUMEL
 
     def get_state_buffer(self, p: torch.Tensor, dtype: torch.dtype = torch.float32, stack: int = 1) -> torch.Tensor:
-        """A zeroed state buffer shaped like ``p`` (``stack`` > 1: ``[stack, *p.shape]``), paged if asked."""
+        """A zeroed state buffer shaped like ``p`` (``stack`` > 1: ``[stack, *p.shape]``), paged if asked.
+
+        For a sharded (DTensor) ``p`` the buffer is a plain tensor shaped like its local shard.
+        """
+        p = _dtensor.local(p)
         shape = (stack, *p.shape) if stack > 1 else tuple(p.shape)
         if self._paged(p):
             buf = F.get_paged(*shape, dtype=dtype, device=p.device)
@@ -166,6 +194,7 @@ class Optimizer8bit(torch.optim.Optimizer):
         return loss
 
     def _state_bits(self, config: dict[str, Any], p: torch.Tensor) -> int:
+        # p.numel() of a DTensor is the whole parameter's: every rank (and an unsharded run) picks the same.
         bits = _args.optim_bits(config["optim_bits"])
         return 32 if p.numel() < config["min_8bit_size"] else bits
 
@@ -180,32 +209,71 @@ class Optimizer8bit(torch.optim.Optimizer):
         if config["percentile_clipping"] >= 100:
             return 1.0
         if "gnorm_vec" not in state:
-            state["gnorm_vec"] = torch.zeros(_GNORM_HISTORY, dtype=torch.float32, device=grad.device)
+            state["gnorm_vec"] = torch.zeros(_GNORM_HISTORY, dtype=torch.float32, device=_dtensor.local(grad).device)
+        if _dtensor.is_dtensor(grad):
+            # The norm of the whole gradient, not of this rank's shard (every rank gets the same scale).
+            return _record_gnorm(
+                state["gnorm_vec"], _dtensor.global_squared_norm(grad), step, config["percentile_clipping"]
+            )
         return F.percentile_clipping(grad, state["gnorm_vec"], step, config["percentile_clipping"])[2]
 
     # ---- state_dict ---------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state dict with each parameter's tensors but ``step`` wrapped under one key (see module doc)."""
+        """torch's state dict with each parameter's tensors but ``step`` wrapped under one key (see module doc).
+
+        The state of a sharded (DTensor) parameter is given in portable form instead: ``state1``/``state2`` as
+        fp32 DTensors laid out like the parameter (8-bit state decoded), without block data, so that
+        torch.distributed.checkpoint can gather or reshard them (see ``load_state_dict``).
+        """
         sd = super().state_dict()
+        params = [p for group in self.param_groups for p in group["params"]]
         wrapped = {}
         for index, param_state in sd["state"].items():
             if not isinstance(param_state, dict):
                 wrapped[index] = param_state
                 continue
+            portable = {}
+            if isinstance(index, int) and index < len(params) and _dtensor.is_dtensor(params[index]):
+                param_state, portable = self._portable_state(params[index], param_state)
             entry = {k: v for k, v in param_state.items() if k not in self.non_castable_tensor_keys}
             quant = {k: v for k, v in param_state.items() if k in self.non_castable_tensor_keys}
             if quant:
                 entry[self._FSDP_WRAPPED_QUANT_STATE_KEY] = quant
+            entry.update(portable)
             wrapped[index] = entry
         sd["state"] = wrapped
         return sd
+
+    def _portable_state(self, p: torch.Tensor, param_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the rest, {state1, state2} as fp32 DTensors like ``p``) of the state of sharded parameter ``p``."""
+        rest = {k: v for k, v in param_state.items() if k not in _STATE_KEYS and k not in _BLOCK_KEYS}
+        portable = {}
+        for n, key in enumerate(_STATE_KEYS, start=1):
+            if key not in param_state:
+                continue
+            value = param_state[key]
+            stack = self._state1_stack() if n == 1 else 1
+            if value.dtype == torch.uint8:
+                value = _portable.decode(value, param_state[f"absmax{n}"], param_state[f"qmap{n}"], stack)
+            portable[key] = _dtensor.as_dtensor(value, p, stack)
+        return rest, portable
 
     def load_state_dict(self, state_dict: dict[str, Any], move_to_device: bool = True) -> None:
         """Load a state dict from ``state_dict()`` (ours or upstream's), checked in full before anything changes.
 
         State tensors keep their dtype; ``move_to_device`` puts them on their parameter's device. Other
         floating-point tensors are cast to the parameter's dtype, as torch does.
+
+        A parameter's state comes in one of two forms: native (``state1``/``state2`` with their ``qmap``/``absmax``
+        under the wrapper key, upstream's layout, used by plain parameters; uint8 codes at the top level are
+        read as native too) or portable (fp32 ``state1``/``state2`` at the entry's top level, whole or as
+        DTensors, used by sharded parameters). Portable state is cut to the parameter's local shard and
+        encoded to the precision the optimizer uses for it (8-bit or 32-bit); native state of a sharded
+        parameter is decoded and treated the same way. When an entry holds both forms, the one the parameter
+        does *not* use is loaded: torch.distributed.checkpoint merges a checkpoint of the other form into the
+        optimizer's own state dict, so that one is the checkpoint. With sharded parameters this is a
+        collective (every rank of their mesh checks that all ranks load the same form), as DCP calls it.
         """
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("state_dict must be a dict with 'state' and 'param_groups' (from state_dict())")
@@ -222,30 +290,100 @@ class Optimizer8bit(torch.optim.Optimizer):
                     f"the optimizer's group {i} has {len(group['params'])}"
                 )
         id_map = {
-            saved_id: p
-            for saved, group in zip(saved_groups, self.param_groups, strict=True)
-            for saved_id, p in zip(saved["params"], group["params"], strict=True)
+            saved_id: (p, gindex, pindex)
+            for gindex, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True))
+            for pindex, (saved_id, p) in enumerate(zip(saved["params"], group["params"], strict=True))
         }
         state: defaultdict = defaultdict(dict)
+        some_sharded, native_for_sharded = None, False
         for key, entry in state_dict["state"].items():
             if key not in id_map:
                 state[key] = entry  # kept as is, as torch does for state of unknown parameters
                 continue
-            p = id_map[key]
+            p, gindex, pindex = id_map[key]
+            where = f"state_dict['state'][{key!r}]"
             if not isinstance(entry, dict):
-                raise ValueError(f"state_dict['state'][{key!r}] must be a dict, got {type(entry).__name__}")
+                raise ValueError(f"{where} must be a dict, got {type(entry).__name__}")
             entry = dict(entry)
             quant = entry.pop(self._FSDP_WRAPPED_QUANT_STATE_KEY, {})
             if not isinstance(quant, dict):
-                raise ValueError(f"state_dict['state'][{key!r}][{self._FSDP_WRAPPED_QUANT_STATE_KEY!r}] must be a dict")
-            entry.update(quant)
-            self._check_loaded_state(f"state_dict['state'][{key!r}]", p, entry)
+                raise ValueError(f"{where}[{self._FSDP_WRAPPED_QUANT_STATE_KEY!r}] must be a dict")
+            portable = {k: entry.pop(k) for k in _STATE_KEYS if k in entry}
+            if any(getattr(v, "dtype", None) == torch.uint8 for v in portable.values()):
+                # Codes at the top level: native state saved without the wrapper (a plain torch layout).
+                unwrapped = {**portable, **{k: entry.pop(k) for k in _BLOCK_KEYS if k in entry}}
+                quant, portable = {**unwrapped, **quant}, {}
+            sharded = _dtensor.is_dtensor(p)
+            use_portable = bool(portable) and (not sharded or "state1" not in quant)
+            if sharded:
+                some_sharded = p
+                native_for_sharded |= not use_portable
+            if use_portable or sharded:
+                native = {k: quant.pop(k) for k in (*_STATE_KEYS, *_BLOCK_KEYS) if k in quant}
+                entry.update(quant)
+                whole = portable if use_portable else native
+                self._check_loaded_state(where, p, {**entry, **whole})
+                entry.update(self._encode_loaded(where, p, self.param_groups[gindex], gindex, pindex, whole))
+            else:
+                entry.update(quant)
+                self._check_loaded_state(where, p, entry)
             if isinstance(entry.get("step"), torch.Tensor):
                 entry["step"] = int(entry["step"].item())
             state[p] = {k: self._cast_loaded(p, k, v, move_to_device) for k, v in entry.items()}
+        if some_sharded is not None and not _dtensor.agree(native_for_sharded, some_sharded):
+            # DCP's broadcast_from_rank0 delivers keys the receiving state dict lacks to rank 0 only: rank 0
+            # would load the checkpoint and the other ranks keep their state. Refuse before anything changes.
+            raise ValueError(
+                "state_dict holds single-process (upstream layout) state for sharded parameters on some ranks "
+                "only; with set_optimizer_state_dict(..., broadcast_from_rank0=True) give a full state dict taken "
+                "from sharded parameters, or load the single-process one on every rank without broadcasting"
+            )
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             saved["params"] = group["params"]
         self.__setstate__({"state": state, "param_groups": saved_groups})
+
+    def _encode_loaded(self, where, p, group, gindex, pindex, whole: dict[str, Any]) -> dict[str, Any]:
+        """``p``'s own state from whole-parameter state ``whole`` (portable, or native of the whole parameter)."""
+        if "state1" not in whole:
+            return {}
+        config = self.get_config(gindex, pindex, group)
+        bits = self._state_bits(config, p)
+        if bits == 8 and "dynamic" not in self.name2qmap:
+            self.fill_qmap()
+        out = {}
+        for n, (key, map_name) in enumerate(zip(_STATE_KEYS, ("dynamic", "udynamic"), strict=True), start=1):
+            if key not in whole:
+                continue
+            stack = self._state1_stack() if n == 1 else 1
+            value = whole[key]
+            if value.dtype == torch.uint8:
+                value = _portable.decode(value, whole[f"absmax{n}"], whole[f"qmap{n}"], stack)
+            value = self._local_state(where, key, p, value, stack)
+            if bits == 8:
+                qmap = self.name2qmap[map_name]
+                out[key], out[f"absmax{n}"] = _portable.encode(value, qmap, stack)
+                out[f"qmap{n}"] = qmap
+            else:
+                out[key] = value.float().contiguous().clone()
+        return out
+
+    @staticmethod
+    def _local_state(where: str, key: str, p: torch.Tensor, value: torch.Tensor, stack: int) -> torch.Tensor:
+        """This rank's part of whole-parameter state ``value`` (a DTensor, or a plain tensor shaped like ``p``)."""
+        if _dtensor.is_dtensor(value):
+            if not _dtensor.is_dtensor(p):
+                raise ValueError(
+                    f"{where}[{key!r}] is a DTensor but its parameter is not sharded; load a full state dict "
+                    "(get_optimizer_state_dict(..., options=StateDictOptions(full_state_dict=True)))"
+                )
+            expected = _dtensor.stacked_placements(p, stack)
+            if value.device_mesh != p.device_mesh or tuple(value.placements) != expected:
+                raise ValueError(
+                    f"{where}[{key!r}] is laid out as {tuple(value.placements)} on {value.device_mesh}, expected "
+                    f"{expected} on {p.device_mesh} like its parameter"
+                )
+            return value.to_local()
+        return _dtensor.local_part(value, p, stack) if _dtensor.is_dtensor(p) else value
 
     def _cast_loaded(self, p: torch.Tensor, key: str, value: Any, move_to_device: bool) -> Any:
         if key in self.non_castable_tensor_keys:
@@ -335,6 +473,14 @@ class _StatefulBase(Optimizer8bit):
         config = self.get_config(gindex, pindex, group)
         bits = self._state_bits(config, p)
         stack = self._state1_stack()
+        if bits == 32 and config["max_unorm"] > 0.0 and _dtensor.is_split(p):
+            # The trust ratio compares norms of the whole update and parameter inside one kernel call; per
+            # shard it would be a different (wrong) optimizer, so refuse rather than run it silently.
+            raise NotImplementedError(
+                f"{type(self).__name__}: max_unorm > 0 (the LAMB/LARS trust ratio of 32-bit state) is not supported "
+                f"for parameters sharded across ranks (DTensor with placements {tuple(p.placements)}); use "
+                "max_unorm=0 or 8-bit state for them"
+            )
         state = self.state[p]
         state["step"] = 0
         dtype = torch.uint8 if bits == 8 else torch.float32
@@ -344,7 +490,7 @@ class _StatefulBase(Optimizer8bit):
         if bits == 8:
             if "dynamic" not in self.name2qmap:
                 self.fill_qmap()
-            blocks = _blocks(p.numel())
+            blocks = _blocks(_dtensor.local(p).numel())
             for n, name in ((1, "dynamic"), (2, "udynamic"))[: self._n_states]:
                 self.name2qmap[name] = self.name2qmap[name].to(p.device)
                 state[f"qmap{n}"] = self.name2qmap[name]
@@ -363,11 +509,18 @@ class _StatefulBase(Optimizer8bit):
     @torch.no_grad()
     def update_step(self, group, p, gindex, pindex):
         # The kernels need dense, contiguous tensors.
-        if not p.is_contiguous():
-            p.data = p.data.contiguous()
-        if not p.grad.is_contiguous():
-            p.grad = p.grad.contiguous()
-        grad = p.grad
+        if _dtensor.is_dtensor(p):
+            # A sharded parameter steps on its local shard (which may hold no elements at all).
+            _dtensor.check_reduced(p.grad)
+            grad, target = p.grad, _dtensor.local(p)
+            work = target if target.is_contiguous() else target.contiguous()
+        else:
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+            if not p.grad.is_contiguous():
+                p.grad = p.grad.contiguous()
+            target = work = p
+            grad = p.grad
         state = self.state[p]
         config = self.get_config(gindex, pindex, group)
         betas = config["betas"] = _args.parse_betas(config["betas"])
@@ -378,15 +531,22 @@ class _StatefulBase(Optimizer8bit):
         beta2 = betas[1] if len(betas) >= 2 else 0.0
         history = state["gnorm_vec"].clone() if "gnorm_vec" in state else None
         try:
-            self._apply_update(config, state, grad, p, step, betas, beta2, beta3, alpha)
+            # Before the kernel, and on every rank: clipping a sharded gradient is a collective.
+            gnorm_scale = self._gnorm_scale(config, state, grad, step)
+            local_grad = _dtensor.local(grad)
+            if work.numel() > 0:
+                if not local_grad.is_contiguous():
+                    local_grad = local_grad.contiguous()
+                self._apply_update(config, state, local_grad, work, step, betas, beta2, beta3, alpha, gnorm_scale)
+                if work is not target:
+                    target.copy_(work)
         except BaseException:
             if history is not None:
                 state["gnorm_vec"].copy_(history)
             raise
         state["step"] = step
 
-    def _apply_update(self, config, state, grad, p, step, betas, beta2, beta3, alpha):
-        gnorm_scale = self._gnorm_scale(config, state, grad, step)
+    def _apply_update(self, config, state, grad, p, step, betas, beta2, beta3, alpha, gnorm_scale):
         two = self._n_states == 2
         if state["state1"].dtype == torch.float32:
             F.optimizer_update_32bit(
