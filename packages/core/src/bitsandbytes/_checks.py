@@ -3,7 +3,8 @@
 Each op's contract is enforced in one place so that a wrong call fails the same way on every device
 and under torch.compile: ``TypeError`` for a wrong dtype or type, ``ValueError`` for a wrong value,
 shape, length or device, always naming the argument and what was expected. The checks only read
-metadata (never tensor values), so they cost no device synchronisation.
+metadata (never tensor values), so they cost no device synchronisation; the one exception is
+``index_values``, for index tensors, whose values decide which memory is read.
 """
 
 from __future__ import annotations
@@ -76,6 +77,21 @@ def numel(name: str, t: torch.Tensor, expected: int, why: str) -> None:
 def ndim(name: str, t: torch.Tensor, expected: int) -> None:
     if t.dim() != expected:
         raise ValueError(f"{name} must be {expected}-D; got shape {tuple(t.shape)}")
+
+
+def index_values(name: str, t: torch.Tensor, size: int, what: str) -> None:
+    """Every value of the integer tensor ``t`` is an index in ``[0, size)``.
+
+    This reads the values (one device synchronisation), which is worth it only for index tensors: an
+    entry out of range would otherwise surface as torch's IndexError, which names no argument, or on a
+    GPU as a device-side assert that leaves the CUDA context unusable. Negative indices are refused too:
+    an index of ``what`` counts from 0, and torch's wrap-around would silently pick another column.
+    """
+    if t.numel() == 0:
+        return
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()
+    if lo < 0 or hi >= size:
+        raise ValueError(f"{name} must hold indices of {what} in [0, {size}); got values from {lo} to {hi}")
 
 
 def n_blocks(n: int, block: int) -> int:

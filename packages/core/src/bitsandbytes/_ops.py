@@ -377,7 +377,11 @@ def _(A, B, row_stats, col_stats, bias=None, dtype=None):
     return A.new_empty(shape, dtype=out_dtype)
 
 
-def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None) -> tuple[int, ...]:
+def check_int8_mixed_scaled_mm(
+    A, CA, CB, SCA, SCB, outlier_cols=None, bias=None, *, values: bool = True
+) -> tuple[int, ...]:
+    """The contract of int8_mixed_scaled_mm; ``values=False`` (the fake kernel) skips the one check that
+    reads data: every entry of ``outlier_cols`` must be a column of A."""
     c.dtype("A", A, c.FLOAT_DTYPES)
     shape = check_int8_linear_matmul(CA, CB, names=("CA", "CB"))
     if tuple(A.shape) != tuple(CA.shape):
@@ -390,6 +394,8 @@ def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None
     if outlier_cols is not None:
         c.dtype("outlier_cols", outlier_cols, (torch.int64, torch.int32))
         c.ndim("outlier_cols", outlier_cols, 1)
+        if values:
+            c.index_values("outlier_cols", outlier_cols, A.shape[-1], "columns of A")
     if bias is not None:
         c.dtype("bias", bias, c.FLOAT_DTYPES)
         c.numel("bias", bias, CB.shape[0], "one value per output column")
@@ -398,7 +404,7 @@ def check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None
 
 @fake("int8_mixed_scaled_mm")
 def _(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None):
-    shape = check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)
+    shape = check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias, values=False)
     # subA: A's outlier columns, [..., n_outliers]; upstream's fake says int64 of dynamic length, but the
     # kernel returns A[:, outlier_cols], whose shape outlier_cols fixes.
     n_outliers = 0 if outlier_cols is None else outlier_cols.shape[0]
@@ -451,11 +457,22 @@ def _state_numel(optimizer_name: str, n: int, name: str, t: torch.Tensor) -> Non
     c.numel(name, t, want, "one per parameter element" + (", two EMAs stacked" if want != n else ""))
 
 
+def _numbers(**values: object) -> None:
+    # torch.ops' schema hands the kernels Python floats (symbolic ones to the fake kernels under
+    # torch.compile); a kernel function called directly (a backend's, or the reference) gets what the caller
+    # passed, and a tensor or a string must not reach a launcher.
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, torch.SymInt, torch.SymFloat)):
+            raise TypeError(f"{name} must be a Python int or float; got {type(v).__name__}")
+
+
 def check_optimizer_update_32bit(
     optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2, beta3, alpha, eps,
     weight_decay, step, lr, gnorm_scale, skip_zeros=False,
 ) -> None:  # fmt: skip
     _check_optimizer_common(optimizer_name, g, p, state1, state2)
+    _numbers(max_unorm=max_unorm, param_norm=param_norm, beta1=beta1, beta2=beta2, beta3=beta3, alpha=alpha, eps=eps,
+             weight_decay=weight_decay, lr=lr, gnorm_scale=gnorm_scale)  # fmt: skip
     c.dtype("state1", state1, (torch.float32,))
     _state_numel(optimizer_name, p.numel(), "state1", state1)
     if state2 is not None:
@@ -488,6 +505,8 @@ def check_optimizer_update_8bit_blockwise(
     absmax2, weight_decay, gnorm_scale, skip_zeros=False,
 ) -> None:  # fmt: skip
     _check_optimizer_common(optimizer_name, g, p, state1, state2)
+    _numbers(beta1=beta1, beta2=beta2, beta3=beta3, alpha=alpha, eps=eps, lr=lr, weight_decay=weight_decay,
+             gnorm_scale=gnorm_scale)  # fmt: skip
     n = p.numel()
     c.dtype("state1", state1, (torch.uint8,))
     _state_numel(optimizer_name, n, "state1", state1)

@@ -48,6 +48,8 @@ def block_absmax_and_scale(A: torch.Tensor, blocksize: int) -> tuple[torch.Tenso
 
 def nearest_code(scaled: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     """Index (int64) of the entry of ``code`` nearest to each value (rule in the module docstring)."""
+    # A map of any shape is its flat entries: the op contracts count elements, and the kernels take pointers.
+    code = code.reshape(-1)
     order = torch.argsort(code, stable=True)
     by_value = code[order]
     midpoints = (by_value[:-1] + by_value[1:]) / 2
@@ -69,7 +71,7 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
 
 def _dequantize(A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype):
     flat = A.reshape(-1).long()
-    values = code[flat] * expand_per_block(absmax, flat.numel(), blocksize)
+    values = code.reshape(-1)[flat] * expand_per_block(absmax, flat.numel(), blocksize)
     return values.to(dtype).reshape(A.shape)
 
 

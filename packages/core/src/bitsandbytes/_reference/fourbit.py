@@ -51,7 +51,7 @@ def _dequantize(
 ) -> torch.Tensor:
     """The float32 values of a packed 4-bit tensor, with shape ``shape``."""
     n = prod(shape)
-    values = table[_unpack(A, n)] * expand_per_block(absmax, n, blocksize)
+    values = table.reshape(-1)[_unpack(A, n)] * expand_per_block(absmax, n, blocksize)
     return values.reshape(shape)
 
 

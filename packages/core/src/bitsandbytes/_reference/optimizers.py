@@ -236,7 +236,7 @@ def _blocks(x: torch.Tensor) -> torch.Tensor:
 
 def _dequantize(codes: torch.Tensor, absmax: torch.Tensor, qmap: torch.Tensor) -> torch.Tensor:
     n = codes.numel()
-    values = qmap.float()[codes.reshape(-1).long()]
+    values = qmap.reshape(-1).float()[codes.reshape(-1).long()]
     return (_blocks(values) * absmax.reshape(-1, 1).float()).reshape(-1)[:n]
 
 

@@ -78,18 +78,32 @@ def local_part(full: torch.Tensor, p: torch.Tensor, stack: int = 1) -> torch.Ten
     return full[tuple(slice(o, o + n) for n, o in zip(shape, offset, strict=True))]
 
 
+def check_reduced(grad: torch.Tensor) -> None:
+    """Raise unless the DTensor ``grad`` holds final values (no pending ``Partial`` reduction)."""
+    if is_dtensor(grad) and any(pl.is_partial() for pl in grad.placements):
+        raise ValueError(
+            "the gradient of a sharded parameter must be reduced (Shard or Replicate placements) before the "
+            f"optimizer step, got placements {tuple(grad.placements)}"
+        )
+
+
 def global_squared_norm(grad: torch.Tensor) -> torch.Tensor:
     """The squared L2 norm of the whole of the DTensor ``grad`` (0-dim fp32, the same on every rank)."""
     from torch.distributed.tensor import DTensor, Partial, Replicate
 
-    placements = []
-    for pl in grad.placements:
-        if pl.is_partial():
-            raise ValueError(
-                "percentile_clipping needs the gradient of a sharded parameter reduced (Shard or Replicate "
-                f"placements), got placements {tuple(grad.placements)}"
-            )
-        placements.append(Replicate() if pl.is_replicate() else Partial("sum"))
+    check_reduced(grad)
+    placements = [Replicate() if pl.is_replicate() else Partial("sum") for pl in grad.placements]
     squared = grad.to_local().float().square().sum()
     # Partial over the sharded mesh dimensions: full_tensor() sums the ranks' parts (one all-reduce).
     return DTensor.from_local(squared, grad.device_mesh, placements, run_check=False).full_tensor()
+
+
+def agree(flag: bool, p: torch.Tensor) -> bool:
+    """Whether ``flag`` is the same on every rank of ``p``'s device mesh (a collective over that mesh)."""
+    import torch.distributed as dist
+
+    mesh = p.device_mesh
+    t = torch.tensor([int(flag), -int(flag)], dtype=torch.int32, device=p.to_local().device)
+    for dim in range(mesh.ndim):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
+    return int(t[0]) == -int(t[1])

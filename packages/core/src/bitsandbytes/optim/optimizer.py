@@ -13,6 +13,11 @@ State of one parameter (the keys upstream uses, so state dicts load across the t
 
 ``state_dict()`` moves all of these but ``step`` under ``"__bnb_optimizer_quant_state__"`` in each parameter's
 entry (as upstream, so that FSDP does not try to gather them as if shaped like the parameter).
+
+Sharded (DTensor) parameters, as FSDP2 gives them, step on their local shard with state for that shard only;
+their ``state_dict()`` entries hold ``state1``/``state2`` in a portable form instead (fp32 DTensors laid out
+like the parameter, see ``_portable`` and ``load_state_dict``), which torch.distributed.checkpoint can gather
+and reshard.
 """
 
 from __future__ import annotations
@@ -263,11 +268,12 @@ class Optimizer8bit(torch.optim.Optimizer):
         A parameter's state comes in one of two forms: native (``state1``/``state2`` with their ``qmap``/``absmax``
         under the wrapper key, upstream's layout, used by plain parameters; uint8 codes at the top level are
         read as native too) or portable (fp32 ``state1``/``state2`` at the entry's top level, whole or as
-        DTensors, used by sharded parameters). Portable state
-        is cut to the parameter's local shard and encoded to the precision the optimizer uses for it (8-bit
-        or 32-bit); native state of a sharded parameter is decoded and treated the same way. When an entry
-        holds both forms, the one the parameter does *not* use is loaded: torch.distributed.checkpoint merges
-        a checkpoint of the other form into the optimizer's own state dict, so that one is the checkpoint.
+        DTensors, used by sharded parameters). Portable state is cut to the parameter's local shard and
+        encoded to the precision the optimizer uses for it (8-bit or 32-bit); native state of a sharded
+        parameter is decoded and treated the same way. When an entry holds both forms, the one the parameter
+        does *not* use is loaded: torch.distributed.checkpoint merges a checkpoint of the other form into the
+        optimizer's own state dict, so that one is the checkpoint. With sharded parameters this is a
+        collective (every rank of their mesh checks that all ranks load the same form), as DCP calls it.
         """
         if not isinstance(state_dict, dict) or "state" not in state_dict or "param_groups" not in state_dict:
             raise ValueError("state_dict must be a dict with 'state' and 'param_groups' (from state_dict())")
@@ -289,6 +295,7 @@ class Optimizer8bit(torch.optim.Optimizer):
             for pindex, (saved_id, p) in enumerate(zip(saved["params"], group["params"], strict=True))
         }
         state: defaultdict = defaultdict(dict)
+        some_sharded, native_for_sharded = None, False
         for key, entry in state_dict["state"].items():
             if key not in id_map:
                 state[key] = entry  # kept as is, as torch does for state of unknown parameters
@@ -308,6 +315,9 @@ class Optimizer8bit(torch.optim.Optimizer):
                 quant, portable = {**unwrapped, **quant}, {}
             sharded = _dtensor.is_dtensor(p)
             use_portable = bool(portable) and (not sharded or "state1" not in quant)
+            if sharded:
+                some_sharded = p
+                native_for_sharded |= not use_portable
             if use_portable or sharded:
                 native = {k: quant.pop(k) for k in (*_STATE_KEYS, *_BLOCK_KEYS) if k in quant}
                 entry.update(quant)
@@ -320,6 +330,14 @@ class Optimizer8bit(torch.optim.Optimizer):
             if isinstance(entry.get("step"), torch.Tensor):
                 entry["step"] = int(entry["step"].item())
             state[p] = {k: self._cast_loaded(p, k, v, move_to_device) for k, v in entry.items()}
+        if some_sharded is not None and not _dtensor.agree(native_for_sharded, some_sharded):
+            # DCP's broadcast_from_rank0 delivers keys the receiving state dict lacks to rank 0 only: rank 0
+            # would load the checkpoint and the other ranks keep their state. Refuse before anything changes.
+            raise ValueError(
+                "state_dict holds single-process (upstream layout) state for sharded parameters on some ranks "
+                "only; with set_optimizer_state_dict(..., broadcast_from_rank0=True) give a full state dict taken "
+                "from sharded parameters, or load the single-process one on every rank without broadcasting"
+            )
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             saved["params"] = group["params"]
         self.__setstate__({"state": state, "param_groups": saved_groups})
@@ -493,6 +511,7 @@ class _StatefulBase(Optimizer8bit):
         # The kernels need dense, contiguous tensors.
         if _dtensor.is_dtensor(p):
             # A sharded parameter steps on its local shard (which may hold no elements at all).
+            _dtensor.check_reduced(p.grad)
             grad, target = p.grad, _dtensor.local(p)
             work = target if target.is_contiguous() else target.contiguous()
         else:
