@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import queue
 import tempfile
 import traceback
@@ -45,7 +46,9 @@ def _rank_main(rank, world_size, store_path, fn, args, results, collective_timeo
             out = fn(rank, world_size, *args)
         finally:
             dist.destroy_process_group()
-        results.put((rank, "ok", out))
+        # Pickled here by value: tensors sent through the queue itself would live in shared memory that
+        # vanishes when this process exits, before the parent reads them.
+        results.put((rank, "ok", pickle.dumps(out)))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))
 
@@ -110,4 +113,4 @@ def run_ranks(
             problems.append(f"rank {rank} raised:\n{outcomes[rank][1]}")
     if problems:
         raise RankFailed("\n".join(problems))
-    return [outcomes[rank][1] for rank in range(world_size)]
+    return [pickle.loads(outcomes[rank][1]) for rank in range(world_size)]

@@ -14,7 +14,7 @@ from ranks import RankFailed, run_ranks
 def _all_reduce_rank(rank, world_size):
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    return rank, t.item()
+    return rank, t
 
 
 def _rank1_raises(rank, world_size):
@@ -30,7 +30,8 @@ def _rank0_waits_forever(rank, world_size):
 
 
 def test_results_in_rank_order():
-    assert run_ranks(_all_reduce_rank, 2) == [(0, 3.0), (1, 3.0)]
+    results = run_ranks(_all_reduce_rank, 2)
+    assert [(rank, t.tolist()) for rank, t in results] == [(0, [3.0]), (1, [3.0])]
 
 
 def test_a_raising_rank_is_reported():
