@@ -275,6 +275,47 @@ def _cpu_offload(rank, world_size) -> bool:
         return torch.equal(model(x), ref(x))
 
 
+def _small_module(kind: str, storage: torch.dtype):
+    """A lone 4-bit module, quantized from seeded values: an uneven Linear4bit or an Embedding4bit."""
+    import bitsandbytes as bnb
+
+    g = torch.Generator().manual_seed(7)
+    if kind == "linear":
+        # 40 x 3 = 120 codes = 60 bytes: 15 float32 elements, which 2 and 4 ranks split unevenly.
+        m = bnb.nn.Linear4bit(40, 3, compute_dtype=torch.float32, quant_type="fp4", quant_storage=storage)
+        x = torch.randn(2, 40, generator=g)
+    else:
+        m = bnb.nn.EmbeddingNF4(6, 64, quant_storage=storage)
+        x = torch.tensor([[0, 5, 2], [3, 3, 1]])
+    with torch.no_grad():
+        for p in m.parameters():
+            p.data = torch.randn(p.shape, generator=g)
+    return m.to("cpu"), x
+
+
+def _lone_modules(rank, world_size) -> dict:
+    """fully_shard on a single 4-bit module as the root: uneven shards (FSDP pads), and Embedding4bit."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    out = {}
+    for kind in ("linear", "embedding"):
+        for storage in STORAGES:
+            ref, x = _small_module(kind, storage)
+            model = fully_shard(_small_module(kind, storage)[0])
+            with torch.no_grad():
+                forward = torch.equal(model(x), ref(x))
+            model.reshard()
+            w = model.weight
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+            out[kind, storage] = {
+                "forward": forward,
+                "shard": same_bytes(w.to_local(), torch.chunk(ref.weight.data, world_size)[rank]),
+                "full_identical": state_dicts_identical(full, ref.state_dict()),
+            }
+    return out
+
+
 def _fsdp1(rank, world_size, storage, dtype) -> dict:
     """FSDP1 (FullyShardedDataParallel, use_orig_params): one dtype per wrapped unit, so dtype=quant_storage."""
     from torch.distributed.checkpoint.state_dict import (
@@ -327,6 +368,7 @@ def _world2(rank, world_size, root):
             "mixed_bf16": _mixed_precision(rank, world_size, storage),
         }
     report["cpu_offload"] = _cpu_offload(rank, world_size)
+    report["lone"] = _lone_modules(rank, world_size)
     report["fsdp1"] = {
         s: _fsdp1(rank, world_size, s, d) for s, d in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16))
     }
@@ -349,6 +391,7 @@ def _world4(rank, world_size, root):
             }
         report[storage]["dcp_from_2"] = _load_dcp_into_sharded(_ckpt(root, 2, storage), storage, x, y_ref)
         report[storage]["dcp_from_1"] = _load_dcp_into_sharded(_ckpt(root, 1, storage), storage, x, y_ref)
+    report["lone"] = _lone_modules(rank, world_size)
     return report
 
 
@@ -463,6 +506,14 @@ def test_mixed_precision_never_casts_packed_codes(reports, storage):
             assert "error" in r, r
             assert f"quant_storage={storage}" in r["error"]
             assert "MixedPrecisionPolicy" in r["error"]
+
+
+@pytest.mark.parametrize("kind", ("linear", "embedding"))
+@storages
+def test_uneven_shards_and_embedding4bit(reports, kind, storage):
+    for world in (2, 4):
+        for rank_report in reports[world]:
+            assert rank_report["lone"][kind, storage] == {"forward": True, "shard": True, "full_identical": True}
 
 
 def test_cpu_offload_policy_forward_is_exact(reports):
