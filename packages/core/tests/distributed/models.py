@@ -90,6 +90,30 @@ def tiny_qlora_model(
     return model.to(device)
 
 
+def packed_meta_placeholders(model: nn.Module) -> nn.Module:
+    """Give every 4-bit layer of a meta-device model a packed placeholder weight (codes' shape and dtype).
+
+    FSDP shards a parameter by its shape, so a model that is sharded before its quantized weights are
+    loaded (build on meta, fully_shard, to_empty, load a quantized state dict) must already hold the packed
+    shape, not the dense one. The QuantState comes with the state dict.
+    """
+    for module in model.modules():
+        if isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Embedding4bit)):
+            w = module.weight
+            storage = module.quant_storage
+            numel = (w.numel() + 1) // (2 * torch.empty(0, dtype=storage).element_size())
+            module.weight = bnb.nn.Params4bit(
+                torch.empty(numel, 1, dtype=storage, device="meta"),
+                requires_grad=False,
+                blocksize=w.blocksize,
+                compress_statistics=w.compress_statistics,
+                quant_type=w.quant_type,
+                quant_storage=storage,
+                bnb_quantized=True,
+            )
+    return model
+
+
 def tiny_batch(
     seed: int = 0, batch: int = 4, dim: int = DIM, out: int = OUT, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:

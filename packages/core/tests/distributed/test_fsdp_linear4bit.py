@@ -19,6 +19,7 @@ import pytest
 import torch
 from models import (
     LoRALinear4bit,
+    packed_meta_placeholders,
     same_bytes,
     shard_tiny_model,
     state_dicts_identical,
@@ -228,6 +229,22 @@ def _state_dicts(rank, world_size, storage, root) -> dict:
     shard_tiny_model(meta)
     with torch.no_grad():
         out["meta_then_shard"] = torch.equal(meta(x), y_ref)
+
+    # Meta-device init in FSDP2's order: build on meta, shard, materialize, load. Sharding goes by shape, so
+    # the 4-bit weights need their packed shape first; with the dense meta shape the load says why it fails.
+    for placeholders in (True, False):
+        meta = tiny_qlora_model(storage, device="meta")
+        if placeholders:
+            packed_meta_placeholders(meta)
+        shard_tiny_model(meta)
+        meta.to_empty(device="cpu")
+        try:
+            set_model_state_dict(meta, ref.state_dict(), options=StateDictOptions(full_state_dict=True))
+        except RuntimeError as e:
+            out[f"shard_then_load_{placeholders}"] = str(e)
+        else:
+            with torch.no_grad():
+                out[f"shard_then_load_{placeholders}"] = torch.equal(meta(x), y_ref)
 
     # Sharded checkpoint (DCP): same world size, from one rank, and into one unsharded process.
     path = _ckpt(root, world_size, storage)
@@ -479,6 +496,14 @@ def test_full_state_dict_loads_anywhere_bit_identically(reports, storage):
         assert rank_report[storage]["other_differs"]
         assert rank_report[storage]["full_into_sharded"]
         assert rank_report[storage]["meta_then_shard"]
+
+
+@storages
+def test_meta_init_shard_then_load_needs_packed_placeholders(reports, storage):
+    for rank_report in reports[2]:
+        r = rank_report[storage]
+        assert r["shard_then_load_True"] is True
+        assert "this sharded weight was built with shape (64, 64) as torch.float32" in r["shard_then_load_False"]
 
 
 @storages

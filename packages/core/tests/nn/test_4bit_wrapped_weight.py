@@ -66,7 +66,7 @@ def test_forward_refuses_codes_cast_to_another_dtype():
 def test_forward_refuses_a_weight_of_the_wrong_size():
     m = quantized_linear()
     m.weight = torch.nn.Parameter(m.weight.data[:-8].clone(), requires_grad=False)
-    with pytest.raises(RuntimeError, match="needs 512 bytes"):
+    with pytest.raises(RuntimeError, match="needs 256 elements"):
         m(dense((2, 64)))
 
 

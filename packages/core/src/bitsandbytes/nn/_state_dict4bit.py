@@ -191,8 +191,9 @@ def _load_into_sharded(
     if data.dtype != current.dtype or tuple(data.shape) != tuple(current.shape):
         error_msgs.append(
             f"{wkey} holds packed codes of shape {tuple(data.shape)} as {data.dtype}, but this sharded weight was "
-            f"built with shape {tuple(current.shape)} as {current.dtype}: shard a module quantized with the "
-            "checkpoint's quant_storage"
+            f"built with shape {tuple(current.shape)} as {current.dtype}: shard a module that already holds the "
+            "packed weight in the checkpoint's quant_storage (quantize it first, or, when building on the meta "
+            "device, give it a packed Params4bit placeholder before fully_shard)"
         )
         return
     with torch.no_grad():
