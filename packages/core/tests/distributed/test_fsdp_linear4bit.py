@@ -207,6 +207,15 @@ def _state_dicts(rank, world_size, storage, root) -> dict:
     else:
         out["full_empty_off_rank0"] = full == {}
 
+    # broadcast_from_rank0 sends parameters and buffers only: the quantization items never leave rank 0.
+    target = shard_tiny_model(tiny_qlora_model(storage, 1))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    try:
+        set_model_state_dict(target, full if rank == 0 else {}, options=options)
+        out["broadcast"] = "loaded"
+    except RuntimeError as e:
+        out["broadcast"] = str(e)
+
     # A full state dict on every rank loads into a sharded model quantized from other weights.
     full_everywhere = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     other = shard_tiny_model(tiny_qlora_model(storage, 1))
@@ -493,6 +502,14 @@ def test_full_state_dict_loads_anywhere_bit_identically(reports, storage):
         assert rank_report[storage]["other_differs"]
         assert rank_report[storage]["full_into_sharded"]
         assert rank_report[storage]["meta_then_shard"]
+
+
+@storages
+def test_broadcast_from_rank0_fails_clearly_off_rank0(reports, storage):
+    rank0, rank1 = reports[2]
+    assert rank0[storage]["broadcast"] == "loaded"
+    assert "blocks.0.base.weight arrived without its quantization items" in rank1[storage]["broadcast"]
+    assert "broadcast_from_rank0=True" in rank1[storage]["broadcast"]
 
 
 @storages
