@@ -69,8 +69,8 @@ def tiny_qlora_model(
 ) -> TinyQLoRA:
     """A quantized TinyQLoRA on ``device`` (the 4-bit weights are quantized by the move), deterministic in ``seed``.
 
-    ``dtype`` is the dtype of every float parameter and of the 4-bit layers' compute (FSDP1 needs one dtype
-    per wrapped unit: use ``dtype=quant_storage`` there).
+    ``dtype`` is the dtype of every float parameter and of the 4-bit layers' compute. FSDP1 flattens each
+    wrapped unit into one tensor of one dtype: there use a float ``quant_storage`` equal to ``dtype``.
 
     ``device="meta"`` gives the same architecture holding no values and not quantized (FSDP's meta-device
     init path: load a quantized state dict into it with ``assign=True``).
