@@ -16,10 +16,10 @@ from .. import _checks as c
 from .. import functional as F
 from .._functional.quant import _nested_absmax
 from ._state_dict4bit import load_4bit_weight, save_4bit_weight
-from .params4bit import Params4bit, fix_4bit_weight_quant_state_from_module
+from .params4bit import Keeps4bitWeightState, Params4bit, packed_weight_and_state
 
 
-class Embedding4bit(nn.Embedding):
+class Embedding4bit(Keeps4bitWeightState, nn.Embedding):
     """An embedding whose table is quantized to 4 bits on the first move to a device.
 
     Output has ``dtype`` (the dtype the table was built with). Only plain lookups are supported
@@ -73,11 +73,11 @@ class Embedding4bit(nn.Embedding):
         if handled and prefix + "weight" in missing_keys:
             missing_keys.remove(prefix + "weight")
 
-    def _rows(self, input: torch.Tensor, qs: F.QuantState) -> torch.Tensor:
+    def _rows(self, input: torch.Tensor, weight: torch.Tensor, qs: F.QuantState) -> torch.Tensor:
         """Dequantize only the looked-up rows (each row is a whole number of blocks and bytes)."""
         D = self.embedding_dim
         blocks_per_row = D // qs.blocksize
-        codes = self.weight.data.reshape(-1).view(torch.uint8).view(self.num_embeddings, D // 2)
+        codes = weight.detach().reshape(-1).view(torch.uint8).view(self.num_embeddings, D // 2)
         picked = nn.functional.embedding(input.reshape(-1), codes).reshape(-1, 1)
         absmax = _nested_absmax(qs) if qs.nested else qs.absmax
         picked_absmax = nn.functional.embedding(input.reshape(-1), absmax.view(self.num_embeddings, blocks_per_row))
@@ -95,16 +95,13 @@ class Embedding4bit(nn.Embedding):
         c.tensor("input", input)
         if input.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{type(self).__name__} input must hold int64 or int32 indices; got {input.dtype}")
-        fix_4bit_weight_quant_state_from_module(self)
-        qs = self.weight.quant_state
-        if input.device != self.weight.device:
-            raise ValueError(
-                f"{type(self).__name__} input is on {input.device} but the weight is on {self.weight.device}"
-            )
+        weight, qs = packed_weight_and_state(self)
+        if input.device != weight.device:
+            raise ValueError(f"{type(self).__name__} input is on {input.device} but the weight is on {weight.device}")
         if self.embedding_dim % qs.blocksize == 0:
-            out = self._rows(input, qs)
+            out = self._rows(input, weight, qs)
         else:
-            table = F.dequantize_4bit(self.weight.data, qs)
+            table = F.dequantize_4bit(weight.detach(), qs)
             out = nn.functional.embedding(input, table)
         return out.to(self.dtype)
 

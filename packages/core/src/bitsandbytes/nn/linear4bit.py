@@ -15,7 +15,7 @@ from torch import nn
 from .. import _checks as c
 from ..autograd._matmul_4bit import matmul_4bit
 from ._state_dict4bit import load_4bit_weight, save_4bit_weight
-from .params4bit import Params4bit, fix_4bit_weight_quant_state_from_module
+from .params4bit import Keeps4bitWeightState, Params4bit, packed_weight_and_state
 
 _warned_fp16_compute = False
 
@@ -34,7 +34,7 @@ def _warn_fp16_input_once(single_row: bool) -> None:
     )
 
 
-class Linear4bit(nn.Linear):
+class Linear4bit(Keeps4bitWeightState, nn.Linear):
     """A linear layer whose weight is stored as 4-bit NF4/FP4 codes (``Params4bit``).
 
     ``compute_dtype`` is the dtype the product is computed in; when None it is taken from the first
@@ -100,8 +100,8 @@ class Linear4bit(nn.Linear):
         c.tensor("x", x)
         if not x.is_floating_point():
             raise TypeError(f"{type(self).__name__} input must be a floating point tensor; got {x.dtype}")
-        fix_4bit_weight_quant_state_from_module(self)
-        weight = self.weight
+        # Under FSDP the weight is a plain tensor of the gathered packed bytes; the module holds its state.
+        weight, qs = packed_weight_and_state(self)
         if x.device != weight.device:
             raise ValueError(
                 f"{type(self).__name__} input is on {x.device} but the weight is on {weight.device}; "
@@ -116,7 +116,7 @@ class Linear4bit(nn.Linear):
         bias = self.bias
         if bias is not None and bias.dtype != x.dtype:
             bias = bias.to(x.dtype)  # a differentiable cast: the parameter itself is left alone
-        return matmul_4bit(x, weight, quant_state=weight.quant_state, bias=bias).to(inp_dtype)
+        return matmul_4bit(x, weight, quant_state=qs, bias=bias).to(inp_dtype)
 
 
 class LinearFP4(Linear4bit):

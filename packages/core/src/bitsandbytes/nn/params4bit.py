@@ -288,5 +288,81 @@ def fix_4bit_weight_quant_state_from_module(module: torch.nn.Module) -> None:
     module.weight.quant_state = qs
 
 
+def is_dtensor(t: object) -> bool:
+    """Whether ``t`` is a torch.distributed DTensor (without importing torch.distributed when unused)."""
+    return any(k.__name__ == "DTensor" and k.__module__.startswith("torch.distributed") for k in type(t).__mro__)
+
+
+def weight_quant_state(module: torch.nn.Module) -> QuantState | None:
+    """The QuantState of ``module.weight``, also when a wrapper (FSDP) has swapped the weight tensor.
+
+    A quantized ``Params4bit`` carries its own state, and the module keeps a reference to it (refreshed
+    here), because FSDP replaces the parameter by a plain tensor or a DTensor of the same packed bytes.
+    """
+    weight = module._parameters.get("weight")
+    qs = weight.__dict__.get("quant_state") if isinstance(weight, Params4bit) else None
+    if qs is not None:
+        if module.__dict__.get("quant_state") is not qs:
+            module.quant_state = qs
+        if module.__dict__.get("quant_storage") is not weight.dtype:
+            module.quant_storage = weight.dtype
+        return qs
+    return module.__dict__.get("quant_state")
+
+
+class Keeps4bitWeightState:
+    """Mixin for modules with a 4-bit ``weight``: whatever Params4bit is assigned, the module learns its state.
+
+    The module must hold its own reference to the QuantState before a wrapper such as FSDP swaps the
+    weight for a plain tensor, also when the weight was quantized on its own (without ``module=``).
+    """
+
+    def register_parameter(self, name: str, param) -> None:
+        super().register_parameter(name, param)
+        if name == "weight" and isinstance(param, Params4bit):
+            if param.__dict__.get("module") is None:
+                param.module = self
+            weight_quant_state(self)
+
+
+def packed_weight_and_state(module: torch.nn.Module) -> tuple[torch.Tensor, QuantState]:
+    """``module.weight``'s packed codes and their QuantState, ready for a 4-bit kernel; never mutates the module.
+
+    Works for a ``Params4bit`` and for the plain tensor a sharding wrapper puts in its place for the
+    forward (FSDP's all-gathered parameter), which must then still hold the exact packed bytes.
+    """
+    name = type(module).__name__
+    weight = module.weight
+    qs = weight_quant_state(module)
+    if qs is None:
+        raise RuntimeError(
+            f"{name}.weight is not quantized yet: move the module to a device first "
+            "(module.to(device) quantizes it), or load a quantized state_dict"
+        )
+    if isinstance(weight, Params4bit) and weight.quant_state is qs:
+        return weight, qs
+    if is_dtensor(weight):
+        raise RuntimeError(
+            f"{name}.weight is a sharded DTensor: the 4-bit kernels need the whole packed weight. Call the "
+            "forward of the FSDP-wrapped root module (it all-gathers the weight first), or unshard() the module"
+        )
+    storage = getattr(module, "quant_storage", None)
+    if storage is not None and weight.dtype != storage:
+        raise RuntimeError(
+            f"{name}.weight holds {weight.dtype} but its packed 4-bit codes are stored as quant_storage={storage}: "
+            "something cast the codes as if they were numbers, which destroys them. Under FSDP, give this "
+            f"module MixedPrecisionPolicy(param_dtype={storage}) or param_dtype=None (fully_shard the 4-bit "
+            "modules with their own policy), or build the model with quant_storage equal to param_dtype"
+        )
+    # quantize_4bit's packed length: (n + 1) // 2 bytes, in whole quant_storage elements.
+    need = (int(torch.Size(qs.shape).numel()) + 1) // (2 * weight.element_size())
+    if weight.numel() != need:
+        raise RuntimeError(
+            f"{name}.weight holds {weight.numel()} {weight.dtype} elements but its quant_state (shape "
+            f"{list(qs.shape)}) needs {need} elements of packed 4-bit codes"
+        )
+    return weight, qs
+
+
 # Upstream's location (pickles of modules that hold the class refer to it by this path).
 Params4bit.__module__ = "bitsandbytes.nn.modules"
