@@ -21,31 +21,33 @@ OUT = 8
 class LoRALinear4bit(nn.Module):
     """``base(x) + lora_B(lora_A(x))``: a frozen 4-bit linear layer plus a trainable low-rank update."""
 
-    def __init__(self, dim: int, rank: int, quant_storage: torch.dtype, quant_type: str, device=None):
+    def __init__(self, dim: int, rank: int, quant_storage: torch.dtype, quant_type: str, dtype, device=None):
         super().__init__()
         self.base = bnb.nn.Linear4bit(
             dim,
             dim,
             bias=True,
-            compute_dtype=torch.float32,
+            compute_dtype=dtype,
             compress_statistics=True,
             quant_type=quant_type,
             quant_storage=quant_storage,
             device=device,
         )
-        self.base.bias.requires_grad_(False)
-        self.lora_A = nn.Linear(dim, rank, bias=False, device=device)
-        self.lora_B = nn.Linear(rank, dim, bias=False, device=device)
+        self.base.bias = nn.Parameter(self.base.bias.detach().to(dtype), requires_grad=False)
+        self.lora_A = nn.Linear(dim, rank, bias=False, device=device, dtype=dtype)
+        self.lora_B = nn.Linear(rank, dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.base(x) + self.lora_B(self.lora_A(x))
 
 
 class TinyQLoRA(nn.Module):
-    def __init__(self, layers: int, dim: int, rank: int, out: int, quant_storage, quant_type: str, device=None):
+    def __init__(self, layers: int, dim: int, rank: int, out: int, quant_storage, quant_type: str, dtype, device=None):
         super().__init__()
-        self.blocks = nn.ModuleList(LoRALinear4bit(dim, rank, quant_storage, quant_type, device) for _ in range(layers))
-        self.head = nn.Linear(dim, out, device=device)
+        self.blocks = nn.ModuleList(
+            LoRALinear4bit(dim, rank, quant_storage, quant_type, dtype, device) for _ in range(layers)
+        )
+        self.head = nn.Linear(dim, out, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -62,32 +64,62 @@ def tiny_qlora_model(
     rank: int = RANK,
     out: int = OUT,
     quant_type: str = "nf4",
+    dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> TinyQLoRA:
     """A quantized TinyQLoRA on ``device`` (the 4-bit weights are quantized by the move), deterministic in ``seed``.
+
+    ``dtype`` is the dtype of every float parameter and of the 4-bit layers' compute. FSDP1 flattens each
+    wrapped unit into one tensor of one dtype: there use a float ``quant_storage`` equal to ``dtype``.
 
     ``device="meta"`` gives the same architecture holding no values and not quantized (FSDP's meta-device
     init path: load a quantized state dict into it with ``assign=True``).
     """
     device = torch.device(device)
-    model = TinyQLoRA(layers, dim, rank, out, quant_storage, quant_type, device="meta")
+    model = TinyQLoRA(layers, dim, rank, out, quant_storage, quant_type, dtype, device="meta")
     if device.type == "meta":
         return model
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             fan_in = p.shape[-1]
-            values = torch.randn(p.shape, generator=g) / fan_in**0.5
+            values = (torch.randn(p.shape, generator=g) / fan_in**0.5).to(dtype)
             new = type(p)(values, requires_grad=p.requires_grad, **p.__dict__)
             owner = model.get_submodule(name.rpartition(".")[0])
             setattr(owner, name.rpartition(".")[2], new)
     return model.to(device)
 
 
-def tiny_batch(seed: int = 0, batch: int = 4, dim: int = DIM, out: int = OUT) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_meta_placeholders(model: nn.Module) -> nn.Module:
+    """Give every 4-bit layer of a meta-device model a packed placeholder weight (codes' shape and dtype).
+
+    FSDP shards a parameter by its shape, so a model that is sharded before its quantized weights are
+    loaded (build on meta, fully_shard, to_empty, load a quantized state dict) must already hold the packed
+    shape, not the dense one. The QuantState comes with the state dict.
+    """
+    for module in model.modules():
+        if isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Embedding4bit)):
+            w = module.weight
+            storage = module.quant_storage
+            numel = (w.numel() + 1) // (2 * torch.empty(0, dtype=storage).element_size())
+            module.weight = bnb.nn.Params4bit(
+                torch.empty(numel, 1, dtype=storage, device="meta"),
+                requires_grad=False,
+                blocksize=w.blocksize,
+                compress_statistics=w.compress_statistics,
+                quant_type=w.quant_type,
+                quant_storage=storage,
+                bnb_quantized=True,
+            )
+    return model
+
+
+def tiny_batch(
+    seed: int = 0, batch: int = 4, dim: int = DIM, out: int = OUT, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """An input batch and a regression target, deterministic in ``seed``."""
     g = torch.Generator().manual_seed(10_000 + seed)
-    return torch.randn(batch, dim, generator=g), torch.randn(batch, out, generator=g)
+    return torch.randn(batch, dim, generator=g).to(dtype), torch.randn(batch, out, generator=g).to(dtype)
 
 
 def tiny_loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

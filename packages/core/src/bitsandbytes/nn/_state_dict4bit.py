@@ -86,6 +86,15 @@ def load_4bit_weight(
         _load_into_sharded(module, current, data, stats, wkey, expected_shape, error_msgs)
         return True
 
+    if is_dtensor(data):
+        error_msgs.append(
+            f"{wkey} is a sharded DTensor but this {type(module).__name__} is not sharded: load it into the "
+            "FSDP-sharded model, or gather it first (get_model_state_dict with full_state_dict=True)"
+        )
+        for k in (wkey, *quant_keys):
+            state_dict.pop(k)
+        return True
+
     if not quant_keys:
         if tuple(data.shape) == tuple(expected_shape) and data.is_floating_point():
             if getattr(current, "bnb_quantized", False):
@@ -122,7 +131,24 @@ def load_4bit_weight(
             f"but this {type(module).__name__} expects {list(expected_shape)}"
         )
         return True
-    module._parameters["weight"] = new
+    in_place = (
+        not assign
+        and current.device.type != "meta"
+        and (getattr(current, "bnb_quantized", False) or not isinstance(current, Params4bit))
+        and current.dtype == new.dtype
+        and current.shape == new.shape
+    )
+    if in_place:
+        # Keep the parameter object: optimizers and FSDP1's views into its flat parameter refer to it.
+        with torch.no_grad():
+            current.copy_(new.data)
+        if isinstance(current, Params4bit):
+            for k, v in _settings(new, module).items():
+                setattr(current, k, v)
+            current.quant_state = new.quant_state
+            current.bnb_quantized = True
+    else:
+        module._parameters["weight"] = new
     module.quant_state = new.quant_state
     module.quant_storage = new.quant_storage
     return True
@@ -165,8 +191,9 @@ def _load_into_sharded(
     if data.dtype != current.dtype or tuple(data.shape) != tuple(current.shape):
         error_msgs.append(
             f"{wkey} holds packed codes of shape {tuple(data.shape)} as {data.dtype}, but this sharded weight was "
-            f"built with shape {tuple(current.shape)} as {current.dtype}: shard a module quantized with the "
-            "checkpoint's quant_storage"
+            f"built with shape {tuple(current.shape)} as {current.dtype}: shard a module that already holds the "
+            "packed weight in the checkpoint's quant_storage (quantize it first, or, when building on the meta "
+            "device, give it a packed Params4bit placeholder before fully_shard)"
         )
         return
     with torch.no_grad():

@@ -354,12 +354,12 @@ def packed_weight_and_state(module: torch.nn.Module) -> tuple[torch.Tensor, Quan
             f"module MixedPrecisionPolicy(param_dtype={storage}) or param_dtype=None (fully_shard the 4-bit "
             "modules with their own policy), or build the model with quant_storage equal to param_dtype"
         )
-    need = c.packed_4bit_bytes(int(torch.Size(qs.shape).numel()))
-    have = weight.numel() * weight.element_size()
-    if not (need <= have < need + weight.element_size()):
+    # quantize_4bit's packed length: (n + 1) // 2 bytes, in whole quant_storage elements.
+    need = (int(torch.Size(qs.shape).numel()) + 1) // (2 * weight.element_size())
+    if weight.numel() != need:
         raise RuntimeError(
-            f"{name}.weight holds {have} bytes but its quant_state (shape {list(qs.shape)}) needs {need} bytes "
-            "of packed 4-bit codes"
+            f"{name}.weight holds {weight.numel()} {weight.dtype} elements but its quant_state (shape "
+            f"{list(qs.shape)}) needs {need} elements of packed 4-bit codes"
         )
     return weight, qs
 
