@@ -42,6 +42,9 @@ def _rank_main(rank, world_size, store_path, fn, args, results, collective_timeo
             world_size=world_size,
             timeout=datetime.timedelta(seconds=collective_timeout_s),
         )
+        # gloo connects the ranks lazily; without this a rank that finishes early can leave before a
+        # slower one has connected, which then fails to join a group that was fine.
+        dist.barrier()
         try:
             out = fn(rank, world_size, *args)
         finally:
