@@ -42,10 +42,10 @@ MPS = "./packages/backends-mps"
 @nox.session
 def tests(session: nox.Session) -> None:
     """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, the
-    multi-rank FSDP tests on its kernels, and the conformance suite through them at every ISA level; the CUDA backend built with nvcc for one
-    architecture, its tests and the conformance suite on its emulated kernels; last, the real clients
-    (transformers, PEFT, accelerate) on the native kernels; and the wheels, built and installed from a
-    wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
+    multi-rank FSDP tests on its kernels, and the conformance suite through them at every ISA level; the
+    CUDA backend built with nvcc for one architecture, its tests and the conformance suite on its emulated
+    kernels; last, the real clients (transformers, PEFT, accelerate) on the native kernels; and the wheels,
+    built and installed from a wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
     install(session, "torch", "-e", f"{CORE}[test]")
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run(
