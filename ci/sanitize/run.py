@@ -24,8 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-CONFORMANCE = (PY, "-m", "bitsandbytes.testing", "--device", "cpu", "-q")
-PYTEST = (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider")
+# --capture=sys: pytest's default fd capture would swallow a report written just before the abort.
+CONFORMANCE = (PY, "-m", "bitsandbytes.testing", "--device", "cpu", "-q", "--capture=sys")
+PYTEST = (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys")
 
 # detect_leaks=0: CPython and torch keep process-lifetime allocations (interned objects, op registries,
 # the extension's own static tables) that are never freed by design, so LeakSanitizer would report
@@ -102,7 +103,11 @@ def main() -> int:
         parser.error(f"unknown step(s) {unknown}; the steps are: {', '.join(table)}")
     chosen = args.steps or list(table)
 
-    preload = [runtime_library("libasan.so")] if "address" in args.sanitize.split(",") else []
+    # libstdc++ right after the runtime: ASan resolves its __cxa_throw interceptor when it starts, and
+    # python itself does not link libstdc++ (torch loads it later), so the first C++ exception would
+    # otherwise hit "CHECK failed: ... real___cxa_throw != 0".
+    asan = "address" in args.sanitize.split(",")
+    preload = [runtime_library("libasan.so"), runtime_library("libstdc++.so")] if asan else []
     base = {
         **os.environ,
         "LD_PRELOAD": ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])]),
