@@ -459,7 +459,7 @@ SANITIZE = "address,undefined"
 
 @nox.session
 def sanitize(session: nox.Session) -> None:
-    """ASan + UBSan (Linux, gcc or clang): the CPU extension built instrumented in a build dir of its own,
+    """ASan + UBSan (Linux, gcc and its runtimes): the CPU extension built instrumented in a build dir of its own,
     then under the preloaded runtime: a self-check that a deliberate error is caught, the conformance suite
     through its kernels at every ISA level, its tests, the bad-input matrix, and the conformance suite on
     the emulated CUDA and Metal kernels built with the same sanitizers (ci/sanitize/run.py; posargs name
@@ -471,5 +471,7 @@ def sanitize(session: nox.Session) -> None:
         "install.strip": "false",
         "build-dir": "build/sanitize-{wheel_tag}",  # never the normal build's CMake cache
     }
-    install(session, *(f"--config-settings={k}={v}" for k, v in build.items()), "./packages/backends-cpu")
+    # --no-cache-dir: pip would otherwise keep the instrumented wheel in its cache under the directory's URL.
+    settings = (f"--config-settings={k}={v}" for k, v in build.items())
+    install(session, "--no-cache-dir", *settings, "./packages/backends-cpu")
     session.run("python", "ci/sanitize/run.py", "--sanitize", SANITIZE, "--isas", ",".join(CPU_ISAS), *session.posargs)
