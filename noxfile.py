@@ -461,9 +461,9 @@ SANITIZE = "address,undefined"
 def sanitize(session: nox.Session) -> None:
     """ASan + UBSan (Linux, gcc and its runtimes): the CPU extension built instrumented in a build dir of its own,
     then under the preloaded runtime: a self-check that a deliberate error is caught, the conformance suite
-    through its kernels at every ISA level, its tests, the bad-input matrix, and the conformance suite on
-    the emulated CUDA and Metal kernels built with the same sanitizers (ci/sanitize/run.py; posargs name
-    steps to run)."""
+    through its kernels at every ISA level, its tests, the bad-input matrix, and the conformance suite and
+    the bad-input matrix on the emulated CUDA and Metal kernels built with the same sanitizers
+    (ci/sanitize/run.py; posargs name steps to run)."""
     install(session, "torch", "-e", f"{CORE}[test]")
     build = {
         "cmake.define.BNB_SANITIZE": SANITIZE,

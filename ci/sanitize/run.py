@@ -27,6 +27,10 @@ PY = sys.executable
 # --capture=sys: pytest's default fd capture would swallow a report written just before the abort.
 CONFORMANCE = (PY, "-m", "bitsandbytes.testing", "--device", "cpu", "-q", "--capture=sys")
 PYTEST = (PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--capture=sys")
+EMULATED_BAD_INPUT = (
+    "packages/backends-cuda/tests/test_bad_input_cuda.py",
+    "packages/backends-mps/tests/test_bad_input_mps.py",
+)
 
 # detect_leaks=0: CPython and torch keep process-lifetime allocations (interned objects, op registries,
 # the extension's own static tables) that are never freed by design, so LeakSanitizer would report
@@ -68,6 +72,8 @@ def steps(isas: list[str]) -> dict[str, tuple[tuple[str, ...], dict[str, str]]]:
         # emulated plugin registers its kernels for device cpu, over the reference kernels.
         "emulated-cuda": ((*CONFORMANCE, "-p", "bitsandbytes_cuda.testing.emulated"), emulated),
         "emulated-mps": ((*CONFORMANCE, "-p", "bitsandbytes_mps.testing.emulated"), emulated),
+        # The bad-input matrix through both packages' glue into their emulated kernels.
+        "bad-input-emulated": ((*PYTEST, *EMULATED_BAD_INPUT), emulated),
     }
 
 
