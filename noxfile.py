@@ -463,3 +463,27 @@ def bench_mps(session: nox.Session) -> None:
     install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
     _require_mps(session)
     session.run("python", "packages/backends-mps/bench/bench_mps.py", *session.posargs)
+
+
+# The sanitizers `nox -s sanitize` builds the CPU extension and the emulated kernels with.
+SANITIZE = "address,undefined"
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """ASan + UBSan (Linux, gcc and its runtimes): the CPU extension built instrumented in a build dir of its own,
+    then under the preloaded runtime: a self-check that a deliberate error is caught, the conformance suite
+    through its kernels at every ISA level, its tests, the bad-input matrix, and the conformance suite and
+    the bad-input matrix on the emulated CUDA and Metal kernels built with the same sanitizers
+    (ci/sanitize/run.py; posargs name steps to run)."""
+    install(session, "torch", "-e", f"{CORE}[test]")
+    build = {
+        "cmake.define.BNB_SANITIZE": SANITIZE,
+        "cmake.build-type": "RelWithDebInfo",  # keeps the symbols (nanobind strips Release builds)
+        "install.strip": "false",
+        "build-dir": "build/sanitize-{wheel_tag}",  # never the normal build's CMake cache
+    }
+    # --no-cache-dir: pip would otherwise keep the instrumented wheel in its cache under the directory's URL.
+    settings = (f"--config-settings={k}={v}" for k, v in build.items())
+    install(session, "--no-cache-dir", *settings, "./packages/backends-cpu")
+    session.run("python", "ci/sanitize/run.py", "--sanitize", SANITIZE, "--isas", ",".join(CPU_ISAS), *session.posargs)

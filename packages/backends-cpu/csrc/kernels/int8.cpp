@@ -470,7 +470,15 @@ void tile_portable(const int8_t* A, const int8_t* B, int64_t K, int32_t* out) {
 }
 
 #if defined(BNB_ISA_AVX512)
-inline int32_t hsum16(__m512i v) { return _mm512_reduce_add_epi32(v); }
+// Sums modulo 2**32 like the reference: every add is a (wrapping) vector add. _mm512_reduce_add_epi32
+// ends in a scalar signed add, whose overflow is undefined (UBSan reports it for large K).
+inline int32_t hsum16(__m512i v) {
+  __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
 
 // AVX-512BW: sign-extend 32 int8 to int16, vpmaddwd into 16 int32 lanes (pairs of products fit).
 template <int MR, int NR>
@@ -518,7 +526,7 @@ BNB_VNNI_TARGET void tile_vnni(const int8_t* A, const int8_t* B, int64_t K, int3
       for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], b[j], a[i]);
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) out[i * kOutStride + j] = _mm512_reduce_add_epi32(acc[i][j]);
+    for (int j = 0; j < NR; ++j) out[i * kOutStride + j] = hsum16(acc[i][j]);
 }
 #endif
 #elif defined(BNB_ISA_AVX2)

@@ -1,9 +1,13 @@
 """Compiling kernel modules with the host C++ compiler, cached by content hash.
 
-The runtime (src/runtime.cpp) is compiled once per compiler into an object file; each kernel module is
-one generated translation unit linked with it into a shared library. A module is rebuilt when its text,
+The runtime (src/runtime.cpp) is compiled once per compiler and flags into an object file; each kernel
+module is one generated translation unit linked with it into a shared library. A module is rebuilt when its text,
 the emulator's own sources, the compiler or any header it included changed (the compiler's dependency
 list is kept next to the library with a hash of every file on it).
+
+BNB_EMU_SANITIZE=address,undefined (any -fsanitize= list) builds the runtime and every module with those
+sanitizers; the flags are part of the cache key. The process must then have the sanitizer runtime loaded
+first (LD_PRELOAD of the compiler's libasan; `nox -s sanitize` does this).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +42,52 @@ CXXFLAGS = (
 # CUDA sources carry pragmas and attributes the host compiler does not know.
 KERNEL_WARNINGS = ("-Wno-unknown-pragmas", "-Wno-attributes")
 NEED_COMPILER = "a C++ compiler (g++ or clang++)"
+SANITIZE_ENV = "BNB_EMU_SANITIZE"
+
+
+def sanitizer_flags() -> tuple[str, ...]:
+    """The extra compile flags $BNB_EMU_SANITIZE asks for (none when unset)."""
+    wanted = os.environ.get(SANITIZE_ENV, "").strip()
+    if not wanted:
+        return ()
+    if not re.fullmatch(r"[a-z0-9-]+(,[a-z0-9-]+)*", wanted):
+        raise EmulationError(f"{SANITIZE_ENV} must be a -fsanitize= list such as 'address,undefined', got {wanted!r}")
+    if "address" in wanted.split(",") and not _asan_runtime_loaded():
+        # dlopen of an ASan-instrumented library into a process without the runtime fails with a message
+        # that does not say what to do.
+        raise EmulationError(
+            f"{SANITIZE_ENV}={wanted} needs the ASan runtime loaded before Python starts: run with "
+            "LD_PRELOAD=$($CXX -print-file-name=libasan.so) (ci/sanitize/run.py sets up the environment)"
+        )
+    return (f"-fsanitize={wanted}", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g")
+
+
+def _asan_runtime_loaded() -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL(None), "__asan_init")
+    except OSError:
+        return False
+
+
+def _flags() -> tuple[str, ...]:
+    return (*CXXFLAGS, *sanitizer_flags())
+
+
+def _compiler_env() -> dict[str, str] | None:
+    """The environment for the compiler: this one less any preloaded sanitizer runtime, since the compiler
+    is not instrumented (under the runtime it only runs slower, and some toolchains crash); None: unchanged."""
+    preload = os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    kept = [p for p in preload if not _SANITIZER_RUNTIME.match(Path(p).name)]
+    if len(kept) == len(preload):
+        return None
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join(kept)
+    return env
+
+
+_SANITIZER_RUNTIME = re.compile(r"lib(asan|ubsan|tsan|lsan|hwasan)\.so|libclang_rt\.")
 
 
 def find_compiler() -> str | None:
@@ -57,7 +108,7 @@ def unavailable_reason() -> str | None:
 @functools.cache
 def _compiler_identity(cxx: str) -> str:
     try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, env=_compiler_env())
     except OSError as e:
         raise EmulationError(f"cannot run the C++ compiler {cxx!r}: {e}") from None
     return cxx + "\n" + out.stdout.splitlines()[0] if out.stdout else cxx
@@ -90,17 +141,17 @@ def _emulator_sources_hash() -> str:
 
 
 def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_compiler_env())
     if proc.returncode != 0:
         raise EmulationCompileError(f"{what} failed to compile in emulation:\n{proc.stderr.strip()}", proc.stderr)
 
 
-def _runtime_object(cxx: str) -> Path:
-    key = _sha((_compiler_identity(cxx) + "\0" + " ".join(CXXFLAGS) + "\0" + _emulator_sources_hash()).encode())
+def _runtime_object(cxx: str, base_flags: tuple[str, ...]) -> Path:
+    key = _sha((_compiler_identity(cxx) + "\0" + " ".join(base_flags) + "\0" + _emulator_sources_hash()).encode())
     obj = cache_dir() / f"runtime-{key[:24]}.o"
     if not obj.exists():
         tmp = obj.with_suffix(f".{os.getpid()}.tmp.o")
-        _run([cxx, *CXXFLAGS, "-I", str(INCLUDE), "-c", str(RUNTIME), "-o", str(tmp)], "the emulator runtime")
+        _run([cxx, *base_flags, "-I", str(INCLUDE), "-c", str(RUNTIME), "-o", str(tmp)], "the emulator runtime")
         os.replace(tmp, obj)
     return obj
 
@@ -138,8 +189,9 @@ def build(tu_text: str, *, dialect: str, label: str, include_dirs: list[str], de
     cxx = find_compiler()
     if cxx is None:
         raise EmulationError(unavailable_reason())
-    runtime = _runtime_object(cxx)
-    flags = [*CXXFLAGS, *KERNEL_WARNINGS, "-I", str(INCLUDE)]
+    base_flags = _flags()
+    runtime = _runtime_object(cxx, base_flags)
+    flags = [*base_flags, *KERNEL_WARNINGS, "-I", str(INCLUDE)]
     if dialect == "cuda":
         flags += ["-I", str(CUDA_HEADERS)]
     for d in include_dirs:

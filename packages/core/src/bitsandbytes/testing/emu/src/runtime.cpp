@@ -5,6 +5,10 @@
 // system call. Faults (SIGSEGV/SIGBUS/SIGFPE) during a launch are caught on an alternate signal stack and
 // turned into an error that names the buffer, then the launch unwinds with siglongjmp. The handlers are
 // installed only while a launch runs and restored afterwards.
+//
+// Under AddressSanitizer (BNB_EMU_SANITIZE=address) every switch between a lane and the scheduler is
+// announced with ASan's fiber annotations: ASan keeps one stack per thread, and a jump onto a stack it
+// does not know makes its longjmp handling unpoison the wrong range and report false stack errors.
 #ifdef _FORTIFY_SOURCE
 #undef _FORTIFY_SOURCE  // __longjmp_chk rejects the cross-stack jumps fibers are made of
 #endif
@@ -33,6 +37,18 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define BNB_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BNB_EMU_ASAN 1
+#endif
+#endif
+#ifdef BNB_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace bnb_emu {
 namespace {
 
@@ -47,6 +63,30 @@ size_t page_size() {
 }
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+#ifdef BNB_EMU_ASAN
+constexpr size_t kDefaultStackKb = 256;  // ASan puts redzones around every local: frames grow severalfold
+#else
+constexpr size_t kDefaultStackKb = 64;
+#endif
+
+// Entering another stack: `fake_save` keeps the leaving context's ASan fake stack (null: it never resumes).
+void switch_begin(void** fake_save, const void* bottom, size_t size) {
+#ifdef BNB_EMU_ASAN
+  __sanitizer_start_switch_fiber(fake_save, bottom, size);
+#else
+  (void)fake_save, (void)bottom, (void)size;
+#endif
+}
+
+// Arrived on the new stack; `from_bottom`/`from_size` receive the bounds of the stack left behind.
+void switch_end(void* fake, const void** from_bottom, size_t* from_size) {
+#ifdef BNB_EMU_ASAN
+  __sanitizer_finish_switch_fiber(fake, from_bottom, from_size);
+#else
+  (void)fake, (void)from_bottom, (void)from_size;
+#endif
+}
+
 char g_error[8192];
 
 enum class State { Ready, Barrier, Collective, Done };
@@ -60,6 +100,7 @@ struct Lane {
   char* stack = nullptr;
   const char* site = nullptr;  // where it waits
   const char* what = nullptr;
+  void* fake = nullptr;  // ASan's fake stack of this lane while it is switched out
   // warp collective in progress
   uint32_t mask = 0;
   const void* in = nullptr;
@@ -90,6 +131,12 @@ struct Launch {
   bool in_lane = false;
   GuardedBuffer* shared = nullptr;
   bool reverse = false;  // BNB_EMU_ORDER=reverse: lanes run in descending index order
+  // The worker thread's own stack (the scheduler's), learnt on the first switch into a lane, and whether
+  // execution is on a lane's stack (abort_launch then leaves it for good).
+  const void* sched_bottom = nullptr;
+  size_t sched_size = 0;
+  void* sched_fake = nullptr;
+  volatile bool on_lane_stack = false;
 };
 
 Launch* g_launch = nullptr;
@@ -103,7 +150,7 @@ size_t g_stack_bytes = 0;
 size_t stack_bytes() {
   const char* env = std::getenv("BNB_EMU_STACK_KB");
   size_t kb = env ? static_cast<size_t>(std::strtoul(env, nullptr, 10)) : 0;
-  if (kb < 16) kb = 64;
+  if (kb < 16) kb = kDefaultStackKb;
   return round_up(kb * 1024, page_size());
 }
 
@@ -141,14 +188,24 @@ std::string where() {
   return s;
 }
 
-[[noreturn]] void abort_launch() { siglongjmp(g_launch->abort_jb, 1); }
+[[noreturn]] void abort_launch() {
+  Launch& L = *g_launch;
+  if (L.on_lane_stack) switch_begin(nullptr, L.sched_bottom, L.sched_size);
+  siglongjmp(L.abort_jb, 1);
+}
 
 Lane& me() { return g_launch->lanes[g_launch->current]; }
 
 // Back to the scheduler; returns when the scheduler picks this lane again.
 void yield_lane() {
   Lane& l = me();
-  if (!_setjmp(l.jb)) _longjmp(g_launch->sched, 1);
+  if (!_setjmp(l.jb)) {
+    g_launch->on_lane_stack = false;
+    switch_begin(&l.fake, g_launch->sched_bottom, g_launch->sched_size);
+    _longjmp(g_launch->sched, 1);
+  }
+  switch_end(l.fake, nullptr, nullptr);
+  g_launch->on_lane_stack = true;
 }
 
 // Lane ranges as "3, 5-9, 12" for messages.
@@ -310,8 +367,12 @@ void lane_exited() {
 
 void trampoline() {
   Launch& L = *g_launch;
+  switch_end(nullptr, &L.sched_bottom, &L.sched_size);
+  L.on_lane_stack = true;
   L.body(L.ctx);
   lane_exited();
+  L.on_lane_stack = false;
+  switch_begin(nullptr, L.sched_bottom, L.sched_size);  // this lane's stack is done with
   _longjmp(L.sched, 1);
 }
 
@@ -443,6 +504,7 @@ void run_block(Launch& L) {
       L.current = i;
       L.in_lane = true;
       if (!_setjmp(L.sched)) {
+        switch_begin(&L.sched_fake, l.stack, g_stack_bytes);
         if (!l.started) {
           l.started = true;
           getcontext(&l.uc);
@@ -455,6 +517,7 @@ void run_block(Launch& L) {
           _longjmp(l.jb, 1);
         }
       }
+      switch_end(L.sched_fake, nullptr, nullptr);
       L.in_lane = false;
     }
     if (!progressed) {
@@ -482,6 +545,14 @@ int run_grid(Launch& L) {
         }
   } else {
     rc = 1;
+    if (L.on_lane_stack) {  // aborted from a lane (or a signal taken on one): back on the worker's stack
+      switch_end(L.sched_fake, nullptr, nullptr);
+      L.on_lane_stack = false;
+    }
+#ifdef BNB_EMU_ASAN
+    // The abandoned lanes' frames leave their redzones poisoned; the next launch reuses these stacks.
+    ASAN_UNPOISON_MEMORY_REGION(g_stacks, g_stack_count * (g_stack_bytes + page_size()));
+#endif
   }
   L.in_grid = false;
   restore_handlers();
