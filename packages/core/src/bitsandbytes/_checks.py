@@ -10,7 +10,7 @@ metadata (never tensor values), so they cost no device synchronisation; the one 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -113,7 +113,32 @@ def packed_4bit_bytes(n: int) -> int:
     return (n + 1) // 2
 
 
-def out_tensor(out: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
+def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:
+    """The [first, last) addresses ``t``'s elements can occupy; None where there is no data to compare
+    (empty, meta, or a tensor without storage such as a FakeTensor under torch.compile)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if t.numel() == 0 or t.device.type == "meta" or is_fake(t):
+        return None
+    try:
+        start = t.data_ptr()
+    except RuntimeError:  # other tensor subclasses without real storage
+        return None
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return start, start + (last + 1) * t.element_size()
+
+
+def out_tensor(
+    out: torch.Tensor,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    reads: Mapping[str, torch.Tensor] | None = None,
+) -> None:
+    """``out`` as a ``.out`` overload needs it: this shape, dtype and device, contiguous, and sharing no
+    memory with the inputs ``reads`` (a kernel writing ``out`` while it reads them gives a result that
+    depends on thread scheduling)."""
     tensor("out", out)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}; got {tuple(out.shape)}")
@@ -122,6 +147,11 @@ def out_tensor(out: torch.Tensor, shape: Sequence[int], dtype: torch.dtype, devi
     if out.device != device:
         raise ValueError(f"out must be on {device}; got {out.device}")
     contiguous("out", out)
+    span = _byte_range(out)
+    for name, t in (reads or {}).items():
+        other = _byte_range(t) if isinstance(t, torch.Tensor) and t.device == out.device else None
+        if span is not None and other is not None and span[0] < other[1] and other[0] < span[1]:
+            raise ValueError(f"out must not share memory with {name}: the op writes out while it reads {name}")
 
 
 def finite_scalar(name: str, x: object) -> None:

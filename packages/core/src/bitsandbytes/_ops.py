@@ -126,7 +126,7 @@ def _(A, absmax, code, blocksize, dtype):
 @fake("dequantize_blockwise.out")
 def _(A, absmax, code, blocksize, dtype, out):
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    c.out_tensor(out, A.shape, dtype, A.device)
+    c.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _(A, absmax, blocksize, quant_type, shape, dtype):
 @fake("dequantize_4bit.out")
 def _(A, absmax, blocksize, quant_type, shape, dtype, out):
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    c.out_tensor(out, dims, dtype, A.device)
+    c.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
 
 
 def _check_4bit_matmul_operands(A: torch.Tensor, B: torch.Tensor, shapeB: Sequence[int]) -> tuple[int, int]:
@@ -226,7 +226,7 @@ def _(A, B, shapeB, absmax, code, blocksize):
 @fake("gemv_4bit.out")
 def _(A, B, shapeB, absmax, code, blocksize, out):
     N, _ = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    c.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
+    c.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code})
 
 
 def check_gemm_4bit(
@@ -330,7 +330,7 @@ def _(A, B):
 
 @fake("int8_linear_matmul.out")
 def _(A, B, out):
-    c.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device)
+    c.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device, reads={"A": A, "B": B})
 
 
 def check_int8_mm_dequant(A, row_stats, col_stats, dtype=None, bias=None) -> torch.dtype:

@@ -836,6 +836,36 @@ case("op int8_linear_matmul.out", "out wrong shape", Raises(ValueError, "out"))(
 )
 
 
+# An out that shares memory with an input: the kernel would read values it has already overwritten.
+def _gemv_out_is_A():
+    A = _x(1, 64)
+    B, qs = _q4(shape=(64, 64))
+    ops.gemv_4bit.out(A, B, [64, 64], qs.absmax, qs.code, 64, A)
+
+
+def _dequant8_out_over_absmax():
+    q, qs = _q8()
+    buf = torch.zeros(q.numel() + 64)
+    absmax = buf[: qs.absmax.numel()]
+    absmax.copy_(qs.absmax)
+    ops.dequantize_blockwise.out(q, absmax, _code(), 64, torch.float32, buf[: q.numel()].view(q.shape))
+
+
+def _int8_out_over_A():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    A = buf[:32].view(torch.int8).view(4, 8)
+    ops.int8_linear_matmul.out(A, _i8(3, 8), buf[:48].view(torch.int32).view(4, 3))
+
+
+case("op gemv_4bit.out", "out is A", Raises(ValueError, "out must not share memory with A"))(_gemv_out_is_A)
+case("op dequantize_blockwise.out", "out overlaps absmax", Raises(ValueError, "share memory with absmax"))(
+    _dequant8_out_over_absmax
+)
+case("op int8_linear_matmul.out", "out overlaps A", Raises(ValueError, "out must not share memory with A"))(
+    _int8_out_over_A
+)
+
+
 # ---- zero-size, views at odd offsets, overflow: the documented results --------------------------------
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     # Matmuls may sum in another order on another path (aligned vector loads or not); values agree closely.

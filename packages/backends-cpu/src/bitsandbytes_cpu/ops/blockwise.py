@@ -34,7 +34,7 @@ def dequantize_blockwise(A, absmax, code, blocksize, dtype) -> torch.Tensor:
 
 def dequantize_blockwise_out(A, absmax, code, blocksize, dtype, out) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device)
+    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
     _dequantize_into(A, absmax, code, blocksize, out)
 
 

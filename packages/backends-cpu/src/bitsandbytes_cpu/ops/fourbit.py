@@ -55,7 +55,7 @@ def dequantize_4bit_out(
     out: torch.Tensor,
 ) -> None:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device)
+    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
     _dequantize_into(A, absmax, blocksize, quant_type, out)
 
 

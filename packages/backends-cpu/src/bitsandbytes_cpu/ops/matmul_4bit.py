@@ -106,7 +106,9 @@ def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
 
 def gemv_4bit_out(A, B, shapeB, absmax, code, blocksize, out) -> None:
     N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
+    _checks.out_tensor(
+        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
+    )
     _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
 
 

@@ -121,7 +121,7 @@ def int8_linear_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 def int8_linear_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-    _checks.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device)
+    _checks.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device, reads={"A": A, "B": B})
     out.copy_(_int8_matmul(A.contiguous(), B.contiguous()))
 
 

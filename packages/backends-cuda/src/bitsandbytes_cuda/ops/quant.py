@@ -90,7 +90,7 @@ def dequantize_blockwise_out(
     A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
 ) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device)
+    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
     _dequantize_blockwise_into(A, absmax, code, blocksize, out)
 
 
@@ -140,7 +140,7 @@ def dequantize_4bit_out(
     out: torch.Tensor,
 ) -> None:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device)
+    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
     _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
 
 

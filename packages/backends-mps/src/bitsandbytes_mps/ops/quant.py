@@ -132,7 +132,7 @@ def dequantize_blockwise_out(
     A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
 ) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device)
+    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
     if ref := _fallback("dequantize_blockwise.out", f"dequantize_blockwise_{suffix(dtype)}", A.numel()):
         return ref(A, absmax, code, blocksize, dtype, out)
     _dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))  # out_tensor: contiguous
@@ -196,7 +196,7 @@ def dequantize_4bit_out(
     out: torch.Tensor,
 ) -> None:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device)
+    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
     if ref := _fallback("dequantize_4bit.out", f"dequantize_4bit_{quant_type}_{suffix(dtype)}", prod(dims)):
         return ref(A, absmax, blocksize, quant_type, shape, dtype, out)
     _dequantize_4bit_into(A, absmax, blocksize, quant_type, out.view(-1))
@@ -268,7 +268,9 @@ def gemv_4bit_out(
     out: torch.Tensor,
 ) -> None:
     N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
+    _checks.out_tensor(
+        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
+    )
     if ref := _fallback("gemv_4bit.out", f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(N)):
         return ref(A, B, shapeB, absmax, code, blocksize, out)
     _gemv(A, B, N, K, absmax, code, blocksize, out)

@@ -88,5 +88,5 @@ def dequantize_blockwise_out(
     A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
 ) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device)
+    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
     out.copy_(_dequantize(A, absmax, code, blocksize, dtype))

@@ -89,7 +89,7 @@ def dequantize_4bit_out(
     out: torch.Tensor,
 ) -> None:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device)
+    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
     table = _formats.code_table(quant_type, A.device)
     out.copy_(_dequantize(A, absmax, table, blocksize, dims))
 
@@ -121,7 +121,9 @@ def gemv_4bit_out(
     out: torch.Tensor,
 ) -> None:
     N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(out, (*A.shape[:-1], N), A.dtype, A.device)
+    _checks.out_tensor(
+        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
+    )
     out.copy_(_linear(A, _dequantize(B, absmax, code, blocksize, (N, K))))
 
 

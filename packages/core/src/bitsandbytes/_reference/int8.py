@@ -120,7 +120,7 @@ def int8_linear_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 @reference("int8_linear_matmul.out")
 def int8_linear_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-    _checks.out_tensor(out, _ops.check_int8_linear_matmul(A, B), torch.int32, A.device)
+    _checks.out_tensor(out, _ops.check_int8_linear_matmul(A, B), torch.int32, A.device, reads={"A": A, "B": B})
     out.copy_(_int8_matmul(A, B))
 
 
