@@ -74,7 +74,9 @@ def _unpack_tensor_to_dict(key: str, t: object) -> dict[str, Any]:
         raise TypeError(f"{key} must be a 1-D uint8 tensor of JSON text; got {t.dtype} of shape {tuple(t.shape)}")
     try:
         d = json.loads(bytes(t.cpu().tolist()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit; RecursionError deep nesting
+    # (found by ci/fuzz/fuzz_unpack_tensor_to_dict.py).
+    except (ValueError, RecursionError) as e:
         raise ValueError(f"{key} does not hold valid UTF-8 JSON: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{key} must hold a JSON object; got {type(d).__name__}")

@@ -1,0 +1,45 @@
+"""Linear4bit.load_state_dict (through Params4bit.from_prequantized) on a state dict built from fuzz bytes: packed
+weight of any storage dtype and size, its quant_state items and packed JSON blob, strict or not, assign or not.
+
+Allowed: RuntimeError (torch gathers the load errors into one), TypeError or ValueError, naming a key. A module
+that loaded must run forward on an input of its in_features and give [rows, out_features].
+"""
+
+from __future__ import annotations
+
+import torch
+from _harness import Finding, Reader, call, count, main
+from _quant_items import quant_items
+
+STORAGE = (torch.uint8, torch.int8, torch.float16, torch.bfloat16, torch.float32, torch.int32)
+KEYS = ("weight", "bias", "absmax", "quant_map", "quant_state", "quant_type", "blocksize", "dtype", "shape",
+        "nested_", "state_dict")  # fmt: skip
+
+
+def test_one_input(data: bytes) -> None:
+    import bitsandbytes as bnb
+
+    r = Reader(data)
+    in_f, out_f, bias = max(r.small(64), 1), max(r.small(64), 1), r.flag()
+    storage = r.pick(STORAGE)
+    size = storage.itemsize if hasattr(storage, "itemsize") else torch.empty(0, dtype=storage).element_size()
+    nbytes = count(r, (in_f * out_f + 1) // 2)
+    weight = torch.zeros(-(-nbytes // size), dtype=storage).reshape(-1, 1)
+    if r.flag():
+        weight = weight.reshape(1, -1)
+    strict, assign = r.flag(), r.flag()
+    sd = {"weight": weight, **quant_items(r, "weight.")}
+    if bias:
+        sd["bias"] = torch.zeros(out_f, dtype=torch.float16)
+    module = bnb.nn.Linear4bit(in_f, out_f, bias=bias, compute_dtype=torch.float32)
+    ok, _ = call(module.load_state_dict, sd, strict=strict, assign=assign, names=KEYS,
+                 errors=(RuntimeError, TypeError, ValueError))  # fmt: skip
+    if not ok or module.weight.quant_state is None:
+        return  # not strict, and the weight's keys were not all there: nothing was loaded into it
+    y = module(torch.ones(2, in_f))
+    if tuple(y.shape) != (2, out_f):
+        raise Finding(f"Linear4bit({in_f}, {out_f}) gave shape {tuple(y.shape)} after loading")
+
+
+if __name__ == "__main__":
+    main(test_one_input, ["bitsandbytes", "bitsandbytes.nn"])
