@@ -1,0 +1,78 @@
+"""Regression tests for what the atheris fuzzers (ci/fuzz/, `nox -s fuzz`) found in the Python entry points:
+each input that once escaped as an unclear error now gets a clear one naming the key. The inputs themselves
+are also kept in ci/fuzz/corpus/<target>/regression-* and replayed by every fuzz run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bitsandbytes as bnb
+import bitsandbytes.functional as F
+from bitsandbytes.utils import unpack_tensor_to_dict
+
+
+def _blob(text: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+# json.loads raises RecursionError for deep nesting and a ValueError that names nothing for integers longer
+# than Python's int_max_str_digits (4300 by default).
+UNCLEAR_JSON = {"deep nesting": b"[" * 5000, "deep objects": b'{"a":' * 5000, "4400-digit int": b'{"a": 1' + b"0" * 4400 + b"}"}  # fmt: skip
+
+
+@pytest.mark.parametrize("text", UNCLEAR_JSON.values(), ids=UNCLEAR_JSON.keys())
+def test_unpack_tensor_to_dict_refuses_unparsable_json_naming_the_argument(text):
+    with pytest.raises(ValueError, match="tensor_data does not hold valid UTF-8 JSON"):
+        unpack_tensor_to_dict(_blob(text))
+
+
+@pytest.mark.parametrize("text", UNCLEAR_JSON.values(), ids=UNCLEAR_JSON.keys())
+def test_quant_state_from_dict_refuses_unparsable_blob_naming_the_key(text):
+    _, qs = F.quantize_4bit(torch.randn(4, 64), quant_type="nf4")
+    items = {"weight." + k: v for k, v in qs.as_dict(packed=True).items()}
+    items["weight.quant_state.bitsandbytes__nf4"] = _blob(text)
+    with pytest.raises(ValueError, match=r"weight\.quant_state\.bitsandbytes__nf4 does not hold valid UTF-8 JSON"):
+        F.QuantState.from_dict(items, "cpu")
+
+
+def _adam8bit_state_dict():
+    p = torch.nn.Parameter(torch.randn(300))
+    opt = bnb.optim.Adam8bit([p], min_8bit_size=0)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    return opt.state_dict()
+
+
+# int(step) of NaN / Inf raised ValueError / OverflowError naming nothing; a step past int64 loaded and then
+# failed inside the op's schema check at the next step().
+BAD_STEPS = {
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "nan tensor": torch.tensor(float("nan")),
+    "past int64": 2**70,
+    "int64 max": 2**63 - 1,
+    "huge float": 1e300,
+}
+
+
+@pytest.mark.parametrize("step", BAD_STEPS.values(), ids=BAD_STEPS.keys())
+def test_optimizer_refuses_a_step_that_is_not_an_int64_count(step):
+    sd = _adam8bit_state_dict()
+    sd["state"][0]["step"] = step
+    p = torch.nn.Parameter(torch.randn(300))
+    fresh = bnb.optim.Adam8bit([p], min_8bit_size=0)
+    with pytest.raises(ValueError, match=r"state_dict\['state'\]\[0\]\['step'\] must be an int >= 0 and < 2\*\*63 - 1"):
+        fresh.load_state_dict(sd)
+    assert len(fresh.state) == 0
+
+
+def test_optimizer_still_loads_a_large_valid_step():
+    sd = _adam8bit_state_dict()
+    sd["state"][0]["step"] = 2**40
+    p = torch.nn.Parameter(torch.randn(300))
+    fresh = bnb.optim.Adam8bit([p], min_8bit_size=0)
+    fresh.load_state_dict(sd)
+    p.grad = torch.ones_like(p)
+    fresh.step()
+    assert fresh.state[p]["step"] == 2**40 + 1
