@@ -142,7 +142,7 @@ def _feedback(outcome: str) -> None:
         if len(_OUTCOMES) >= 4096:
             return
         namespace: dict = {}
-        exec(f"def outcome_{len(_OUTCOMES)}():\n    return {len(_OUTCOMES)}\n", namespace)  # noqa: S102
+        exec(f"def outcome_{len(_OUTCOMES)}():\n    return {len(_OUTCOMES)}\n", namespace)
         fn = namespace[f"outcome_{len(_OUTCOMES)}"]
         if "atheris" in sys.modules:
             fn = sys.modules["atheris"].instrument_func(fn)

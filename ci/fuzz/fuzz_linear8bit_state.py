@@ -32,7 +32,9 @@ def test_one_input(data: bytes) -> None:
         dtype = r.pick(DTYPES)
         sd["weight"] = _tensor(r, _shape(r, out_f, in_f), dtype)
     if r.u8() % 4:
-        sd["SCB"] = _tensor(r, _shape(r, out_f, 1)[:1], r.pick((torch.float32, torch.float32, torch.float16, torch.int8)))
+        sd["SCB"] = _tensor(
+            r, _shape(r, out_f, 1)[:1], r.pick((torch.float32, torch.float32, torch.float16, torch.int8))
+        )
     if r.u8() % 4 == 0:
         sd["weight_format"] = _tensor(r, r.pick(((), (1,), (2,))), r.pick((torch.uint8, torch.int64, torch.float32)))
     if module.bias is not None and r.u8() % 4:

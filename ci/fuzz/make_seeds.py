@@ -38,7 +38,7 @@ def seeds() -> dict[str, dict[str, bytes]]:
         # Linear4bit(24, 8), no bias; the weight: uint8, its exact size, [bytes, 1]; strict, no assign.
         out["linear4bit_state"][name] = bytes([24, 8, 0, 0, 0, 0, 1, 0]) + encode_seed(d)
     # The other targets decode any bytes into a call; a few fixed patterns give each a start.
-    patterns = {"zeros": bytes(64), "ones": bytes([1]) * 64, "mixed": bytes(range(0, 256, 3)), "high": bytes([255]) * 64}
+    patterns = {"zeros": bytes(64), "ones": bytes([1]) * 64, "mixed": bytes(range(0, 256, 3)), "high": b"\xff" * 64}
     for target in ("optimizer_state", "linear8bit_state", "native_blockwise", "native_fourbit", "native_int8",
                    "native_matmul_4bit", "native_optimizers"):  # fmt: skip
         out[target] = dict(patterns)

@@ -2,6 +2,8 @@
 
     python ci/fuzz/run.py [--seconds 60] [--workdir DIR] [TARGET ...]
 
+(or BNB_FUZZ_SECONDS / BNB_FUZZ_WORKDIR in the environment, as the scheduled workflow sets them).
+
 Each target runs in its own process under atheris (libFuzzer), starting from its committed corpus
 (ci/fuzz/corpus/<target>/: seeds and inputs that once found a bug, all replayed first); new inputs go to
 a work folder, never into the checkout. A target fails on a crash, a hang (-timeout), running out of
@@ -70,13 +72,20 @@ def run_target(target: str, seconds: int, workdir: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("targets", nargs="*", metavar="TARGET", help=f"default: all of {', '.join(TARGETS)}")
-    parser.add_argument("--seconds", type=int, default=60, help="fuzzing time per target (default 60)")
-    parser.add_argument("--workdir", type=Path, help="where work corpora, logs and crash inputs go (default: a temp dir)")
+    seconds = int(os.environ.get("BNB_FUZZ_SECONDS") or 60)
+    workdir = os.environ.get("BNB_FUZZ_WORKDIR") or None
+    parser.add_argument("--seconds", type=int, default=seconds, help="per target (default: $BNB_FUZZ_SECONDS or 60)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=workdir,
+        help="work corpora, logs and finding inputs (default: $BNB_FUZZ_WORKDIR or a temp dir)",
+    )
     args = parser.parse_args()
     unknown = sorted(set(args.targets) - set(TARGETS))
     if unknown:
         parser.error(f"unknown target(s) {unknown}; known: {', '.join(TARGETS)}")
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bnb-fuzz-"))
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bnb-fuzz-"))
     targets = args.targets or TARGETS
     print(f"fuzzing {len(targets)} target(s), {args.seconds} s each; work folder {workdir}")
     print(f"coverage: {coverage_note()}", flush=True)
@@ -101,7 +110,7 @@ def main() -> int:
     failed = [r["target"] for r in results if r["rc"] != 0 or r["crashes"]]
     total = sum(r["runs"] for r in results)
     print(f"fuzz executions: {total} over {len(results)} targets; findings: {len(failed)} {failed or ''}".rstrip())
-    if not args.workdir and not failed:
+    if args.workdir is None and not failed:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
 

@@ -18,7 +18,11 @@ def _blob(text: bytes) -> torch.Tensor:
 
 # json.loads raises RecursionError for deep nesting and a ValueError that names nothing for integers longer
 # than Python's int_max_str_digits (4300 by default).
-UNCLEAR_JSON = {"deep nesting": b"[" * 5000, "deep objects": b'{"a":' * 5000, "4400-digit int": b'{"a": 1' + b"0" * 4400 + b"}"}  # fmt: skip
+UNCLEAR_JSON = {
+    "deep nesting": b"[" * 5000,
+    "deep objects": b'{"a":' * 5000,
+    "4400-digit int": b'{"a": 1' + b"0" * 4400 + b"}",
+}
 
 
 @pytest.mark.parametrize("text", UNCLEAR_JSON.values(), ids=UNCLEAR_JSON.keys())
