@@ -2,7 +2,7 @@
 weight of any storage dtype and size, its quant_state items and packed JSON blob, strict or not, assign or not.
 
 Allowed: RuntimeError (torch gathers the load errors into one), TypeError or ValueError, naming a key. A module
-that loaded must run forward on an input of its in_features and give [rows, out_features].
+that loaded must run forward and match x @ W.T + bias with W its dequantized weight (where that is finite).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_one_input(data: bytes) -> None:
     import bitsandbytes as bnb
 
     r = Reader(data)
-    in_f, out_f, bias = max(r.small(64), 1), max(r.small(64), 1), r.flag()
+    in_f, out_f, bias = r.small(64), max(r.small(64), 1), r.flag()
     storage = r.pick(STORAGE)
     size = storage.itemsize if hasattr(storage, "itemsize") else torch.empty(0, dtype=storage).element_size()
     nbytes = count(r, (in_f * out_f + 1) // 2)
@@ -28,6 +28,7 @@ def test_one_input(data: bytes) -> None:
     if r.flag():
         weight = weight.reshape(1, -1)
     strict, assign = r.flag(), r.flag()
+    x = r.values(in_f * 2, torch.float32).reshape(2, in_f)[: r.pick((1, 2))]
     sd = {"weight": weight, **quant_items(r, "weight.")}
     if bias:
         sd["bias"] = torch.zeros(out_f, dtype=torch.float16)
@@ -36,9 +37,17 @@ def test_one_input(data: bytes) -> None:
                  errors=(RuntimeError, TypeError, ValueError))  # fmt: skip
     if not ok or module.weight.quant_state is None:
         return  # not strict, and the weight's keys were not all there: nothing was loaded into it
-    y = module(torch.ones(2, in_f))
-    if tuple(y.shape) != (2, out_f):
+    y = module(x)
+    if tuple(y.shape) != (x.shape[0], out_f):
         raise Finding(f"Linear4bit({in_f}, {out_f}) gave shape {tuple(y.shape)} after loading")
+    # The dense product with the dequantized weight, where it is finite (the fuzzed absmax may not be).
+    W = bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state).float()
+    b = module.bias.float() if module.bias is not None else torch.zeros(out_f)
+    want = x.double() @ W.double().T + b.double()
+    tol = 1e-4 * (x.double().abs() @ W.double().abs().T + b.double().abs()) + 1e-30
+    wrong = torch.isfinite(want) & ~((y.double() - want).abs() <= tol)
+    if bool(wrong.any()):
+        raise Finding(f"Linear4bit({in_f}, {out_f}) forward differs from x @ W.T + b: {y.tolist()} vs {want.tolist()}")
 
 
 if __name__ == "__main__":

@@ -35,8 +35,9 @@ def seeds() -> dict[str, dict[str, bytes]]:
         out["quant_state"][name] = bytes([PREFIXES.index("weight.")]) + encode_seed(d)
         blob = next(v for k, v in d.items() if k.startswith("quant_state."))
         out["unpack_tensor_to_dict"][name] = bytes(blob.tolist())
-        # Linear4bit(24, 8), no bias; the weight: uint8, its exact size, [bytes, 1]; strict, no assign.
-        out["linear4bit_state"][name] = bytes([24, 8, 0, 0, 0, 0, 1, 0]) + encode_seed(d)
+        # Linear4bit(24, 8), no bias; the weight: uint8, its exact size, [bytes, 1]; strict, no assign; x: two
+        # rows of a seeded normal sample.
+        out["linear4bit_state"][name] = bytes([24, 8, 0, 0, 0, 0, 1, 0, 1, 7, 0, 0, 1]) + encode_seed(d)
     # The other targets decode any bytes into a call; a few fixed patterns give each a start.
     patterns = {"zeros": bytes(64), "ones": bytes([1]) * 64, "mixed": bytes(range(0, 256, 3)), "high": b"\xff" * 64}
     for target in ("optimizer_state", "linear8bit_state", "native_blockwise", "native_fourbit", "native_int8",

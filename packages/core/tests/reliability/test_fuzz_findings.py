@@ -80,3 +80,17 @@ def test_optimizer_still_loads_a_large_valid_step():
     p.grad = torch.ones_like(p)
     fresh.step()
     assert fresh.state[p]["step"] == 2**40 + 1
+
+
+@pytest.mark.parametrize("rows", [(1,), (3,), (2, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matmul_4bit_with_zero_in_features_is_bias_or_zeros(rows, dtype, with_bias):
+    """K == 0: torch's linear gives the bias (or zeros); this returned uninitialized memory, as upstream does."""
+    q, qs = F.quantize_4bit(torch.empty(3, 0, dtype=dtype), quant_type="nf4")
+    A = torch.empty(*rows, 0, dtype=dtype)
+    bias = torch.tensor([1.0, -2.0, 3.0], dtype=dtype) if with_bias else None
+    want = torch.nn.functional.linear(A, torch.empty(3, 0, dtype=dtype), bias)
+    assert torch.equal(bnb.matmul_4bit(A, q.t(), quant_state=qs, bias=bias), want)
+    A.requires_grad_(True)  # the autograd path
+    assert torch.equal(bnb.matmul_4bit(A, q.t(), quant_state=qs, bias=bias).detach(), want)
