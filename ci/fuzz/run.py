@@ -27,6 +27,8 @@ HERE = Path(__file__).parent
 TARGETS = sorted(p.stem.removeprefix("fuzz_") for p in HERE.glob("fuzz_*.py"))
 # libFuzzer's limits per input: a hang or a blow-up in one input is a finding too.
 PER_INPUT = ["-timeout=20", "-rss_limit_mb=4096", "-max_len=4096"]
+# Targets whose input ends in JSON text get the JSON dictionary.
+DICTIONARIES = {"unpack_tensor_to_dict": "json.dict", "quant_state": "json.dict", "linear4bit_state": "json.dict"}
 
 
 def coverage_note() -> str:
@@ -47,6 +49,8 @@ def run_target(target: str, seconds: int, workdir: Path) -> dict:
     seeds = HERE / "corpus" / target
     cmd = [sys.executable, str(HERE / f"fuzz_{target}.py"), f"-max_total_time={seconds}", *PER_INPUT,
            f"-artifact_prefix={artifacts}/", "-print_final_stats=1", str(corpus)]  # fmt: skip
+    if target in DICTIONARIES:
+        cmd.insert(2, f"-dict={HERE / DICTIONARIES[target]}")
     if seeds.is_dir():
         cmd.append(str(seeds))
     log = workdir / f"{target}.log"
