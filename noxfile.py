@@ -480,7 +480,8 @@ def _fuzz_cpu_extension(session: nox.Session) -> dict[str, str]:
     if os.environ.get("BNB_FUZZ_NO_CLANG") == "1":
         cxx = cc = None  # the normal build even where clang is installed (what a machine without it runs)
     if cxx is None or cc is None:
-        session.log("clang not found: fuzzing the normal build of the CPU extension with Python-level coverage only "
+        why = "BNB_FUZZ_NO_CLANG=1" if os.environ.get("BNB_FUZZ_NO_CLANG") == "1" else "clang not found"
+        session.log(f"{why}: fuzzing the normal build of the CPU extension with Python-level coverage only "
                     "(apt-get install clang-14 libclang-rt-14-dev for native coverage and ASan)")  # fmt: skip
         install(session, "--force-reinstall", "--no-deps", "./packages/backends-cpu")
         return {"BNB_FUZZ_NATIVE": ""}
