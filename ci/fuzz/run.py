@@ -41,6 +41,22 @@ def coverage_note() -> str:
     )
 
 
+# Reads 76 bytes past a 1024-byte torch buffer: under a live ASan this must be reported.
+_OVERFLOW = (
+    "import ctypes, torch; t = torch.zeros(1024, dtype=torch.uint8); buf = ctypes.create_string_buffer(2048); "
+    "ctypes.memmove(buf, t.data_ptr(), 1100); print('not caught')"
+)
+
+
+def check_asan_is_live() -> None:
+    """In the native mode a silent ASan would make every run pass: a deliberate overflow must be caught first."""
+    done = subprocess.run([sys.executable, "-c", _OVERFLOW], capture_output=True, text=True, check=False)
+    if done.returncode == 0 or "heap-buffer-overflow" not in done.stderr:
+        sys.exit(f"BNB_FUZZ_NATIVE is set but ASan did not catch a deliberate overflow (LD_PRELOAD="
+                 f"{os.environ.get('LD_PRELOAD')!r}):\n{done.stdout}{done.stderr[-2000:]}")  # fmt: skip
+    print("ASan is live: a deliberate heap-buffer-overflow was caught")
+
+
 def run_target(target: str, seconds: int, workdir: Path) -> dict:
     corpus = workdir / "corpus" / target
     artifacts = workdir / "artifacts" / target
@@ -93,6 +109,8 @@ def main() -> int:
     targets = args.targets or TARGETS
     print(f"fuzzing {len(targets)} target(s), {args.seconds} s each; work folder {workdir}")
     print(f"coverage: {coverage_note()}", flush=True)
+    if os.environ.get("BNB_FUZZ_NATIVE"):
+        check_asan_is_live()
     results = []
     for target in targets:
         res = run_target(target, args.seconds, workdir)
