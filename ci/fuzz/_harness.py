@@ -1,11 +1,11 @@
 """What every fuzz harness (ci/fuzz/fuzz_*.py) shares: a reader that turns fuzz bytes into arguments, the
 allow-list check for errors, canary-guarded buffers for the native calls, and the atheris entry point.
 
-A harness defines ``test_one_input(data: bytes)`` and ends with ``main(test_one_input)``. Anything that
-escapes ``test_one_input`` is a finding: a crash, an exception outside the target's allow-list, an error
+A harness defines ``test_one_input(data: bytes)`` and ends with ``main(test_one_input, modules)``. Anything
+that escapes ``test_one_input`` is a finding: a crash, an exception outside the target's allow-list, an error
 whose message names none of the arguments, or a native call that wrote outside its output buffers.
-The harnesses import atheris only in ``main``, so ``python ci/fuzz/fuzz_X.py FILE...`` replays inputs
-without it too (see ``replay``).
+atheris is imported only in ``main``: ``BNB_FUZZ_REPLAY=1 python ci/fuzz/fuzz_X.py FILE...`` replays inputs
+without it, and tests import the harnesses to replay the committed corpus.
 """
 
 from __future__ import annotations
