@@ -41,7 +41,8 @@ def test_one_input(data: bytes) -> None:
     if tuple(y.shape) != (x.shape[0], out_f):
         raise Finding(f"Linear4bit({in_f}, {out_f}) gave shape {tuple(y.shape)} after loading")
     # The dense product with the dequantized weight, where it is finite (the fuzzed absmax may not be).
-    W = bnb.functional.dequantize_4bit(module.weight.data, module.weight.quant_state).float()
+    # As [bytes, 1]: dequantize_4bit transposes the result of a [1, bytes] packed tensor back, as upstream does.
+    W = bnb.functional.dequantize_4bit(module.weight.data.reshape(-1, 1), module.weight.quant_state).float()
     b = module.bias.float() if module.bias is not None else torch.zeros(out_f)
     want = x.double() @ W.double().T + b.double()
     tol = 1e-4 * (x.double().abs() @ W.double().abs().T + b.double().abs()) + 1e-30
