@@ -94,3 +94,29 @@ def test_matmul_4bit_with_zero_in_features_is_bias_or_zeros(rows, dtype, with_bi
     assert torch.equal(bnb.matmul_4bit(A, q.t(), quant_state=qs, bias=bias), want)
     A.requires_grad_(True)  # the autograd path
     assert torch.equal(bnb.matmul_4bit(A, q.t(), quant_state=qs, bias=bias).detach(), want)
+
+
+def _nf4_items():
+    _, qs = F.quantize_4bit(torch.randn(8, 64), quant_type="nf4", compress_statistics=True)
+    return qs.as_dict(packed=True)
+
+
+def test_quant_state_refuses_a_foreign_4bit_table():
+    """dequantize_4bit decodes with quant_type's table and gemv_4bit with quant_map: a checkpoint whose quant_map is
+    anything else gave a batch-size-dependent result (zeros from one row, the NF4 weight from two)."""
+    items = _nf4_items()
+    items["quant_map"] = torch.zeros(16)
+    with pytest.raises(ValueError, match="quant_map must be the nf4 code table"):
+        F.QuantState.from_dict(items, "cpu")
+    items["quant_map"] = F.get_4bit_type("fp4", device="cpu")  # the other type's table
+    with pytest.raises(ValueError, match="quant_map must be the nf4 code table"):
+        F.QuantState.from_dict(items, "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quant_state_accepts_the_table_in_any_float_dtype(dtype):
+    items = _nf4_items()
+    items["quant_map"] = items["quant_map"].to(dtype)
+    assert F.QuantState.from_dict(items, "cpu").quant_type == "nf4"
+    # ...and replaced by the exact table, so gemv_4bit (which reads it) and dequantize_4bit decode alike.
+    assert torch.equal(F.QuantState.from_dict(items, "cpu").code, F.get_4bit_type("nf4", device="cpu"))
