@@ -41,7 +41,7 @@ def quant_items(r: Reader, prefix: str) -> dict[str, torch.Tensor | str | int | 
 
 def encode_seed(qs_dict: dict) -> bytes:
     """Bytes that make ``quant_items`` rebuild ``qs_dict`` (``QuantState.as_dict(packed=True)``): the same keys,
-    tensor sizes and dtypes (values zero) and the same JSON blob."""
+    tensor sizes, dtypes and values (zeros for tensors over 512 bytes) and the same JSON blob."""
     out = bytearray([1])  # packed
     blob_key = next(k for k in qs_dict if k.startswith("quant_state."))
     out.append(SUFFIXES.index(blob_key.rsplit("__", 1)[1]))
@@ -51,12 +51,17 @@ def encode_seed(qs_dict: dict) -> bytes:
     def sized(t: torch.Tensor, counts: tuple[int, ...] | None, two_bytes: bool = False) -> bytes:
         n = t.numel()
         head = bytes([n & 0xFF, n >> 8]) if two_bytes else bytes([n if counts is None else counts.index(n)])
-        return head + bytes([TENSOR_DTYPES.index(t.dtype), 3])  # dtype, then values mode 3 (zeros)
+        return head + bytes([TENSOR_DTYPES.index(t.dtype)]) + content(t)
+
+    def content(t: torch.Tensor) -> bytes:
+        raw = t.contiguous().view(torch.uint8).numpy().tobytes()
+        # values mode 0 takes the raw bytes (up to 512 of them); mode 3 gives zeros.
+        return bytes([0]) + raw if 0 < len(raw) <= 512 else bytes([3])
 
     absmax = qs_dict["absmax"]
     n = absmax.numel()
     if nested:
-        out += bytes([n & 0xFF, n >> 8, 1, 3])  # two-byte count, "uint8 codes", zeros
+        out += bytes([n & 0xFF, n >> 8, 1]) + content(absmax)  # two-byte count, "uint8 codes", values
     else:
         out += sized(absmax, None, two_bytes=True)
     out += sized(qs_dict["quant_map"], (16, 16, 256, 15, 0))

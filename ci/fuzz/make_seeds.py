@@ -38,6 +38,9 @@ def seeds() -> dict[str, dict[str, bytes]]:
         # Linear4bit(24, 8), no bias; the weight: uint8, its exact size, [bytes, 1]; strict, no assign; x: two
         # rows of a seeded normal sample.
         out["linear4bit_state"][name] = bytes([24, 8, 0, 0, 0, 0, 1, 0, 1, 7, 0, 0, 1]) + encode_seed(d)
+    # The packed weight as [1, bytes] (upstream's transposed layout), with a bias.
+    d = states["nf4"]
+    out["linear4bit_state"]["nf4-row-layout-bias"] = bytes([24, 8, 1, 0, 0, 1, 1, 0, 1, 7, 0, 0, 1]) + encode_seed(d)
     # The other targets decode any bytes into a call; a few fixed patterns give each a start.
     patterns = {"zeros": bytes(64), "ones": bytes([1]) * 64, "mixed": bytes(range(0, 256, 3)), "high": b"\xff" * 64}
     for target in ("optimizer_state", "linear8bit_state", "native_blockwise", "native_fourbit", "native_int8",
