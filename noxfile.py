@@ -487,3 +487,47 @@ def sanitize(session: nox.Session) -> None:
     settings = (f"--config-settings={k}={v}" for k, v in build.items())
     install(session, "--no-cache-dir", *settings, "./packages/backends-cpu")
     session.run("python", "ci/sanitize/run.py", "--sanitize", SANITIZE, "--isas", ",".join(CPU_ISAS), *session.posargs)
+
+
+# atheris 3.1.0 has wheels for CPython 3.12+ only; 3.0.0 (same API) is the last with 3.10/3.11 wheels.
+ATHERIS = ("atheris==3.1.0; python_version >= '3.12'", "atheris==3.0.0; python_version < '3.12'")
+# The fuzzing build of the CPU extension: libFuzzer's coverage hooks (resolved by atheris at run time) and ASan.
+FUZZ_FLAGS = "-fsanitize=fuzzer-no-link,address -fno-omit-frame-pointer -g"
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """Coverage-guided fuzzing (atheris, i.e. libFuzzer) of the CPU extension's entry points and of the parsers
+    of untrusted state dicts, 60 s per target from the committed corpus; fails on any crash, hang or error
+    outside a target's allow-list. Arguments go to ci/fuzz/run.py: `nox -s fuzz -- --seconds 600 native_int8`.
+    With clang (apt-get install clang-14 libclang-rt-14-dev) the extension is built with FUZZ_FLAGS and runs
+    under atheris' ASan runtime (native coverage, memory errors caught); without it, the normal build and
+    Python-level coverage, as the log says."""
+    install(session, "torch", "-e", CORE, *ATHERIS)
+    env = _fuzz_cpu_extension(session)
+    session.run("python", "ci/fuzz/run.py", *session.posargs, env=env)
+
+
+def _fuzz_cpu_extension(session: nox.Session) -> dict[str, str]:
+    import shutil
+
+    cxx = shutil.which("clang++-14") or shutil.which("clang++")
+    cc = shutil.which("clang-14") or shutil.which("clang")
+    if os.environ.get("BNB_FUZZ_NO_CLANG") == "1":
+        cxx = cc = None  # the normal build even where clang is installed (what a machine without it runs)
+    if cxx is None or cc is None:
+        why = "BNB_FUZZ_NO_CLANG=1" if os.environ.get("BNB_FUZZ_NO_CLANG") == "1" else "clang not found"
+        session.log(f"{why}: fuzzing the normal build of the CPU extension with Python-level coverage only "
+                    "(apt-get install clang-14 libclang-rt-14-dev for native coverage and ASan)")  # fmt: skip
+        install(session, "--force-reinstall", "--no-deps", "./packages/backends-cpu")
+        return {"BNB_FUZZ_NATIVE": ""}
+    # Its own build folder: the normal build's CMake cache names another compiler and other flags.
+    build = Path(session.create_tmp()) / "backends-cpu-fuzz"
+    env = {"CC": cc, "CXX": cxx, "CFLAGS": FUZZ_FLAGS, "CXXFLAGS": FUZZ_FLAGS}
+    settings = f"--config-settings=build-dir={build}"
+    install(session, "--force-reinstall", "--no-deps", settings, "./packages/backends-cpu", env=env)
+    where = "import atheris, os; print(os.path.join(atheris.path(), 'asan_with_fuzzer.so'))"
+    runtime = session.run("python", "-c", where, silent=True).strip().splitlines()[-1]
+    # Leaks are not findings here: CPython and torch keep allocations for the life of the process by design.
+    asan = "detect_leaks=0:abort_on_error=1:allocator_may_return_null=1:handle_segv=1"
+    return {"LD_PRELOAD": runtime, "ASAN_OPTIONS": asan, "BNB_FUZZ_NATIVE": f"{Path(cxx).name} {FUZZ_FLAGS}"}

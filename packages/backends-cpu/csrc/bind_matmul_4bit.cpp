@@ -1,6 +1,7 @@
 #include <bitsandbytes/formats.h>
 #include <nanobind/stl/optional.h>
 
+#include <cstdint>
 #include <optional>
 
 #include "array.h"
@@ -24,6 +25,16 @@ void check_dims(int64_t a, const char* what) {
   if (a < 0) throw std::invalid_argument(std::string(what) + " must be >= 0");
 }
 
+// The sizes arrive as plain integers, not from arrays: a product that overflows int64 would wrap to a
+// small count that passes the size checks (found by ci/fuzz/fuzz_native_matmul_4bit.py).
+int64_t product(int64_t a, int64_t b, const char* what) {
+  if (a != 0 && b > INT64_MAX / a) throw std::invalid_argument(std::string(what) + " overflows int64");
+  return a * b;
+}
+
+// ceil(n / d) and the packed bytes of n codes, without the overflow of n + d - 1 near INT64_MAX.
+int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
+
 }  // namespace
 
 BNB_BINDINGS(matmul_4bit) {
@@ -34,13 +45,14 @@ BNB_BINDINGS(matmul_4bit) {
     check_dims(M, "M");
     check_dims(N, "N");
     check_dims(K, "K");
+    const int64_t MK = product(M, K, "M * K"), NK = product(N, K, "N * K"), MN = product(M, N, "M * N");
     DType dt = float_dtype(A, "A");
-    const void* a = float_data(A, "A", dt, M * K);
-    const uint8_t* b = packed_bytes(B, (N * K + 1) / 2);
-    const float* am = f32(absmax, "absmax", n_blocks(N * K, blocksize));
+    const void* a = float_data(A, "A", dt, MK);
+    const uint8_t* b = packed_bytes(B, ceil_div(NK, 2));
+    const float* am = f32(absmax, "absmax", ceil_div(NK, blocksize));
     const float* c = f32(code, "code", 16);
     const void* bs = bias ? float_data(*bias, "bias", dt, N) : nullptr;
-    void* y = float_data(out, "out", dt, M * N);
+    void* y = float_data(out, "out", dt, MN);
     nb::gil_scoped_release release;
     BNB_DISPATCH(gemv_4bit, a, dt, M, N, K, b, am, c, blocksize, bs, y, threads);
   });
@@ -59,10 +71,10 @@ BNB_BINDINGS(matmul_4bit) {
           check_blocksize(blocksize);
           check_dims(i0, "i0");
           if (i1 < i0) throw std::invalid_argument("i1 must be >= i0");
-          const uint8_t* b = packed_bytes(B, (i1 + 1) / 2);
+          const uint8_t* b = packed_bytes(B, ceil_div(i1, 2));
           const float* am = f32(absmax, "absmax");
-          if (numel(absmax) < n_blocks(i1, blocksize))
-            throw std::invalid_argument("absmax must have at least " + std::to_string(n_blocks(i1, blocksize)) +
+          if (numel(absmax) < ceil_div(i1, blocksize))
+            throw std::invalid_argument("absmax must have at least " + std::to_string(ceil_div(i1, blocksize)) +
                                         " elements; got " + std::to_string(numel(absmax)));
           const float* c = f32(code, "code", 16);
           DType dt = float_dtype(out, "out");

@@ -6,6 +6,8 @@
 
 #if defined(_MSC_VER) && (defined(_M_X64) || defined(_M_IX86))
 #include <intrin.h>
+#elif defined(BNB_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #endif
 
 namespace bnb {
@@ -14,7 +16,10 @@ namespace {
 bool cpu_has_avx2() {
 #if defined(BNB_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from cpuid: clang 16 and older reject __builtin_cpu_supports("f16c") (found building for ci/fuzz).
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #elif defined(BNB_HAVE_AVX2) && defined(_MSC_VER)
   int r[4];
   __cpuid(r, 1);

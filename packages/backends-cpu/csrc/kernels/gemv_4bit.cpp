@@ -541,7 +541,8 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
   if (M <= 0 || N <= 0) return;
   const bool fast = kChunk > 0 && K % (kChunk > 0 ? kChunk : 1) == 0;
 #if defined(BNB_GEMV_BF16_DOT)
-  if (dtype == DType::bf16 && bf16_dot_mode && K % 64 == 0 && blocksize >= 64 && cpu_has_avx512bf16()) {
+  // K == 0 takes the generic path (out = bias): the tiles' grain divides by K (SIGFPE found by ci/fuzz).
+  if (dtype == DType::bf16 && bf16_dot_mode && K > 0 && K % 64 == 0 && blocksize >= 64 && cpu_has_avx512bf16()) {
     if (M > bf16_tile_min_rows) {
       // Rows of A per pass over the weights: that block of A stays in L2 while every weight tile is
       // multiplied into it; the weight is decoded once per block.

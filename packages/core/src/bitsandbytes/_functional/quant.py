@@ -67,6 +67,19 @@ def _pack_dict_to_tensor(d: dict[str, Any]) -> torch.Tensor:
     return torch.tensor(list(json.dumps(d).encode("utf-8")), dtype=torch.uint8)
 
 
+def _check_4bit_table(quant_map: torch.Tensor, quant_type: str) -> torch.Tensor:
+    # dequantize_4bit decodes with quant_type's own table, gemv_4bit with quant_map: any other table would make
+    # one weight give two results depending on the batch size (found by ci/fuzz/fuzz_linear4bit_state.py).
+    # Every writer stores the standard table; a copy once rounded to a 16-bit float dtype stands for it (and is
+    # replaced by it, so that both paths decode alike).
+    table = get_4bit_type(quant_type, device=quant_map.device)
+    if quant_map.device.type == "meta":
+        return quant_map
+    if not any(torch.equal(quant_map, table.to(d).to(quant_map.dtype)) for d in c.FLOAT_DTYPES):
+        raise ValueError(f"quant_map must be the {quant_type} code table (quant_type's); got {quant_map.tolist()}")
+    return table
+
+
 def _unpack_tensor_to_dict(key: str, t: object) -> dict[str, Any]:
     c.tensor(key, t)
     assert isinstance(t, torch.Tensor)
@@ -74,7 +87,9 @@ def _unpack_tensor_to_dict(key: str, t: object) -> dict[str, Any]:
         raise TypeError(f"{key} must be a 1-D uint8 tensor of JSON text; got {t.dtype} of shape {tuple(t.shape)}")
     try:
         d = json.loads(bytes(t.cpu().tolist()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit; RecursionError deep nesting
+    # (found by ci/fuzz/fuzz_unpack_tensor_to_dict.py).
+    except (ValueError, RecursionError) as e:
         raise ValueError(f"{key} does not hold valid UTF-8 JSON: {e}") from None
     if not isinstance(d, dict):
         raise ValueError(f"{key} must hold a JSON object; got {type(d).__name__}")
@@ -233,6 +248,7 @@ class QuantState:
         quant_map = _checked_float_tensor("quant_map", d["quant_map"])
         if quant_type is not None:
             c.numel("quant_map", quant_map, 16, "one value per 4-bit code")
+            quant_map = _check_4bit_table(quant_map, quant_type)
 
         absmax = d["absmax"]
         c.tensor("absmax", absmax)

@@ -35,8 +35,11 @@ def _gemm(A: torch.Tensor, B: torch.Tensor, qs: F.QuantState, bias: torch.Tensor
     )
 
 
-def _empty_result(A: torch.Tensor, qs: F.QuantState) -> torch.Tensor:
-    return A.new_empty((*A.shape[:-1], qs.shape[0]))
+def _empty_result(A: torch.Tensor, qs: F.QuantState, bias: torch.Tensor | None) -> torch.Tensor:
+    # A holds no values: no rows, or K == 0. The sum over K's zero terms is 0 (+ bias), as torch's linear
+    # gives; upstream returns torch.empty, uninitialized memory whenever there are rows (found by ci/fuzz).
+    result = A.new_zeros((*A.shape[:-1], qs.shape[0]))
+    return result if bias is None else result.add_(bias.to(A.dtype))
 
 
 class MatMul4Bit(torch.autograd.Function):
@@ -49,7 +52,7 @@ class MatMul4Bit(torch.autograd.Function):
         ctx.A_shape = A.shape
         ctx.B = B if ctx.needs_input_grad[0] else None
         if A.numel() == 0:
-            output = _empty_result(A, quant_state)
+            output = _empty_result(A, quant_state, bias)
         else:
             output = _gemm(A, B.reshape(-1, 1), quant_state, bias)
         if out is not None:
@@ -113,7 +116,7 @@ def matmul_4bit(
     if bias is not None:
         c.dtype("bias", bias, (A.dtype,))
     if A.numel() == 0:
-        result = _empty_result(A, qs)
+        result = _empty_result(A, qs, bias)
     elif A.numel() == A.shape[-1]:  # one row: the inference (token-by-token decoding) fast path
         result = F.gemv_4bit(A, B, state=qs)
         if bias is not None:

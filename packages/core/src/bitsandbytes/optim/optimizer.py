@@ -23,6 +23,7 @@ and reshard.
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -420,8 +421,11 @@ class Optimizer8bit(torch.optim.Optimizer):
         step = entry.get("step")
         if isinstance(step, torch.Tensor) and step.numel() == 1:
             step = step.item()
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step < 0 or step != int(step):
-            raise ValueError(f"{where}['step'] must be an int >= 0, got {entry.get('step')!r}")
+        # isfinite first: int() of NaN or Inf raises its own unclear error (found by ci/fuzz/fuzz_optimizer_state.py).
+        bad = isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step)
+        # The ops take the step as int64, and the next step adds one.
+        if bad or step < 0 or step != int(step) or step >= 2**63 - 1:
+            raise ValueError(f"{where}['step'] must be an int >= 0 and < 2**63 - 1, got {entry.get('step')!r}")
         stack = self._state1_stack()
         shape = (stack, *p.shape) if stack > 1 else tuple(p.shape)
         keys = ("state1", "state2") if isinstance(self, Optimizer2State) else ("state1",)
