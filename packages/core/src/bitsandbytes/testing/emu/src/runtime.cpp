@@ -754,13 +754,19 @@ GuardedBuffer::~GuardedBuffer() {
   }
 }
 
+// Each guard is this much inaccessible address space (no memory behind it), so a stray index up to 64 KiB
+// beyond either end faults for certain; a one-page guard let far strays land in whatever mapping
+// happened to sit next to it, silently.
+static size_t guard_bytes() { return round_up(size_t{64} << 10, page_size()); }
+
 bool GuardedBuffer::allocate(const char* name, const void* src, size_t nbytes) {
   std::snprintf(name_, sizeof name_, "%s", name ? name : "?");
   const size_t pg = page_size();
+  const size_t guard = guard_bytes();
   // [guard][.. canary | data | canary (< 16 bytes)][guard]: the data's end touches the second guard
   // up to the slack that 16-byte alignment of its start leaves.
   const size_t body = round_up(nbytes + kAlign, pg);
-  map_size_ = body + 2 * pg;
+  map_size_ = body + 2 * guard;
   void* m = mmap(nullptr, map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) {
     map_ = nullptr;
@@ -768,12 +774,12 @@ bool GuardedBuffer::allocate(const char* name, const void* src, size_t nbytes) {
     return false;
   }
   map_ = static_cast<char*>(m);
-  mprotect(map_, pg, PROT_NONE);
-  mprotect(map_ + pg + body, pg, PROT_NONE);
-  char* end = map_ + pg + body;
+  mprotect(map_, guard, PROT_NONE);
+  mprotect(map_ + guard + body, guard, PROT_NONE);
+  char* end = map_ + guard + body;
   data_ = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(end - nbytes) & ~(uintptr_t)(kAlign - 1));
   size_ = nbytes;
-  std::memset(map_ + pg, kCanary, body);
+  std::memset(map_ + guard, kCanary, body);
   if (src && nbytes)
     std::memcpy(data_, src, nbytes);
   else if (nbytes)
@@ -788,9 +794,9 @@ void GuardedBuffer::fill(unsigned char byte) {
 
 bool GuardedBuffer::check_canary(const char* kernel) const {
   if (!map_) return true;
-  const size_t pg = page_size();
-  const char* lo = map_ + pg;
-  const char* hi = map_ + map_size_ - pg;
+  const size_t guard = guard_bytes();
+  const char* lo = map_ + guard;
+  const char* hi = map_ + map_size_ - guard;
   for (const char* p = lo; p < data_; ++p)
     if (static_cast<unsigned char>(*p) != kCanary) {
       set_error("kernel '%s': out-of-bounds write before buffer '%s' (%zu bytes before its start)", kernel, name_,
