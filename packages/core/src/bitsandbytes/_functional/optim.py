@@ -145,15 +145,22 @@ def percentile_clipping(
         raise ValueError(f"percentile must be in [0, {GNORM_HISTORY - 1}]; got {percentile}")
 
     with torch.no_grad():
-        squared_norm = grad.float().square().sum()
-        slot = step % GNORM_HISTORY
-        gnorm_vec[slot] = 0.0
-        if step == 1:
-            # The first norm seeds the whole history, so early percentiles are meaningful.
-            gnorm_vec.add_(squared_norm)
-        else:
-            gnorm_vec[slot] = squared_norm
-        current_gnorm = gnorm_vec[slot].sqrt()
-        clip_value = torch.sort(gnorm_vec).values[percentile].sqrt()
-        gnorm_scale = torch.where(current_gnorm > clip_value, clip_value / current_gnorm, torch.ones_like(clip_value))
+        return record_squared_gnorm(gnorm_vec, grad.float().square().sum(), step, percentile)
+
+
+def record_squared_gnorm(
+    gnorm_vec: torch.Tensor, squared_norm: torch.Tensor, step: int, percentile: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`percentile_clipping` after its checks, from a squared norm computed by the caller (for a
+    sharded gradient, summed over all ranks)."""
+    slot = step % GNORM_HISTORY
+    gnorm_vec[slot] = 0.0
+    if step == 1:
+        # The first norm seeds the whole history, so early percentiles are meaningful.
+        gnorm_vec.add_(squared_norm)
+    else:
+        gnorm_vec[slot] = squared_norm
+    current_gnorm = gnorm_vec[slot].sqrt()
+    clip_value = torch.sort(gnorm_vec).values[percentile].sqrt()
+    gnorm_scale = torch.where(current_gnorm > clip_value, clip_value / current_gnorm, torch.ones_like(clip_value))
     return current_gnorm, clip_value, gnorm_scale

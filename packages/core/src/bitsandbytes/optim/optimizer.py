@@ -32,6 +32,7 @@ import torch
 
 from .. import _checks
 from .. import functional as F
+from .._functional.optim import record_squared_gnorm
 from .._functional.paged import has_paged_memory
 from .._ops import OPTIMIZER_BLOCKSIZE
 from . import _args, _dtensor, _portable
@@ -59,19 +60,6 @@ def _blocks(n: int) -> int:
 _STATE_KEYS = ("state1", "state2")
 # Per-block data of 8-bit state: meaningful only for the tensor (shard) it was computed on.
 _BLOCK_KEYS = ("qmap1", "qmap2", "absmax1", "absmax2")
-
-
-def _record_gnorm(gnorm_vec: torch.Tensor, squared_norm: torch.Tensor, step: int, percentile: int) -> torch.Tensor:
-    """``F.percentile_clipping``'s history update and scale, from a squared norm computed elsewhere (all ranks)."""
-    slot = step % _GNORM_HISTORY
-    gnorm_vec[slot] = 0.0
-    if step == 1:
-        gnorm_vec.add_(squared_norm)
-    else:
-        gnorm_vec[slot] = squared_norm
-    current = gnorm_vec[slot].sqrt()
-    clip = torch.sort(gnorm_vec).values[percentile].sqrt()
-    return torch.where(current > clip, clip / current, torch.ones_like(clip))
 
 
 class Optimizer8bit(torch.optim.Optimizer):
@@ -213,9 +201,8 @@ class Optimizer8bit(torch.optim.Optimizer):
             state["gnorm_vec"] = torch.zeros(_GNORM_HISTORY, dtype=torch.float32, device=_dtensor.local(grad).device)
         if _dtensor.is_dtensor(grad):
             # The norm of the whole gradient, not of this rank's shard (every rank gets the same scale).
-            return _record_gnorm(
-                state["gnorm_vec"], _dtensor.global_squared_norm(grad), step, config["percentile_clipping"]
-            )
+            squared = _dtensor.global_squared_norm(grad)
+            return record_squared_gnorm(state["gnorm_vec"], squared, step, config["percentile_clipping"])[2]
         return F.percentile_clipping(grad, state["gnorm_vec"], step, config["percentile_clipping"])[2]
 
     # ---- state_dict ---------------------------------------------------------------------------------
