@@ -3,6 +3,7 @@
 ``is_available()``: torch sees a CUDA device and the kernel library loads. ``load()`` checks that the
 driver can run the library's runtime and registers every op of ``bitsandbytes_cuda.ops`` for ``cuda``;
 whether a device's architecture is covered is checked at its first launch (``launch.check_device``).
+``native_library()`` is the kernel library itself, which becomes ``bitsandbytes.functional.lib``.
 Importing this module registers nothing and loads no library.
 """
 
@@ -82,4 +83,18 @@ def _diagnostics() -> dict:
     }
 
 
-backend = Backend("cuda", ["cuda"], api_version="1.0", load=_load, is_available=_is_available, diagnostics=_diagnostics)
+def _native_library():
+    from . import launch
+
+    return launch.library()  # exports upstream's C entry points (csrc/upstream_api.cu) for ctypes callers
+
+
+backend = Backend(
+    "cuda",
+    ["cuda"],
+    api_version="1.0",
+    load=_load,
+    is_available=_is_available,
+    diagnostics=_diagnostics,
+    native_library=_native_library,
+)

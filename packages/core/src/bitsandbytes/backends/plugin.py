@@ -42,6 +42,8 @@ class Backend:
     error (e.g. a CUDA backend on a machine without a GPU). Otherwise it calls ``load()``, which
     registers kernels with ``torch.library.register_kernel("bitsandbytes::<op>", device_type)``.
     ``diagnostics()`` returns a JSON-friendly dict printed by ``python -m bitsandbytes``.
+    ``native_library()`` (optional, once loaded) returns the backend's ``ctypes.CDLL`` exporting upstream's
+    C entry points, or None; it becomes ``bitsandbytes.functional.lib`` (see ``bitsandbytes.cextension``).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Backend:
         load: Callable[[], Any] | None = None,
         is_available: Callable[[], bool] | None = None,
         diagnostics: Callable[[], dict] | None = None,
+        native_library: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
         # A bare string would otherwise become a tuple of letters.
@@ -61,6 +64,7 @@ class Backend:
         self._load = load
         self._is_available = is_available
         self._diagnostics = diagnostics
+        self._native_library = native_library
 
     def is_available(self) -> bool:
         return True if self._is_available is None else bool(self._is_available())
@@ -71,6 +75,9 @@ class Backend:
 
     def diagnostics(self) -> dict:
         return {} if self._diagnostics is None else dict(self._diagnostics())
+
+    def native_library(self) -> Any:
+        return None if self._native_library is None else self._native_library()
 
     def __repr__(self) -> str:
         return f"Backend(name={self.name!r}, device_types={self.device_types!r}, api_version={self.api_version!r})"
