@@ -56,7 +56,7 @@ _OP_OF_SYMBOL = (
     (re.compile(r"^cdequantize_blockwise_(cpu_)?\w+$"), "dequantize_blockwise"),
     (re.compile(r"^cquantize_blockwise_\w+_(nf4|fp4)$"), "quantize_4bit"),
     (re.compile(r"^cquantize_blockwise_\w+$"), "quantize_blockwise"),
-    (re.compile(r"^cgemv?_4bit_inference"), "gemv_4bit"),
+    (re.compile(r"^cgem[mv]_4bit_inference"), "gemv_4bit"),
 )
 _SERVED_BY = (
     "Upstream's C entry points are served by the native library of the CUDA backend (bitsandbytes-cuda: "
@@ -74,8 +74,8 @@ class _State:
 def _instead(name: str) -> str:
     for pattern, op in _OP_OF_SYMBOL:
         if pattern.match(name):
-            return f"the same computation on every device: torch.ops.bitsandbytes.{op} (bitsandbytes.functional.{op})"
-    return "the functional API (bitsandbytes.functional) and torch.ops.bitsandbytes run on every device"
+            return f"torch.ops.bitsandbytes.{op} (bitsandbytes.functional.{op}), the same computation on every device"
+    return "the functional API (bitsandbytes.functional) or torch.ops.bitsandbytes, which run on every device"
 
 
 def _library_path(library: Any) -> str:
