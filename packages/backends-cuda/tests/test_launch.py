@@ -14,7 +14,7 @@ import torch
 
 import bitsandbytes
 from bitsandbytes import _ops
-from bitsandbytes_cuda import _generate, launch, ops, plugin, tables
+from bitsandbytes_cuda import _generate, launch, ops, plugin, tables, upstream_api
 from bitsandbytes_cuda.ops._common import rows_cols_geometry
 from bitsandbytes_cuda.tables import Kernel
 
@@ -82,9 +82,13 @@ def test_generator_writes_one_launcher_per_kernel(tmp_path):
     text = (tmp_path / "launchers_int8.gen.cu").read_text()
     for k in tables.by_source()["int8.cu"]:
         assert f"int {k.symbol}(" in text and f"&{k.expr};" in text
-    mtime = paths[0].stat().st_mtime_ns
+    header = (tmp_path / "launchers.gen.h").read_text()
+    for k in tables.all_kernels().values():
+        assert f"int {k.symbol}(" in header  # declared for the library's own C code (upstream_api.cu)
+    mtime = paths[0].stat().st_mtime_ns, (tmp_path / "launchers.gen.h").stat().st_mtime_ns
     _generate.generate(CSRC, tmp_path)
-    assert paths[0].stat().st_mtime_ns == mtime  # unchanged output is not rewritten (no rebuilds)
+    # unchanged output is not rewritten (no rebuilds)
+    assert (paths[0].stat().st_mtime_ns, (tmp_path / "launchers.gen.h").stat().st_mtime_ns) == mtime
 
 
 def test_generator_rejects_a_table_naming_a_missing_source(tmp_path, monkeypatch):
@@ -102,11 +106,12 @@ def built_library(tmp_path_factory):
     sources = [str(p) for p in _generate.generate(CSRC, out / "gen")] + [
         str(CSRC / "library.cu"),
         str(CSRC / "paged.cu"),
+        str(CSRC / "upstream_api.cu"),
     ]
     lib = out / "libbnb_cuda.so"
     cmd = [
         NVCC, "-arch=sm_80", "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra", "--Werror=all-warnings",
-        "-cudart=static", "-I", str(CSRC), "-I", bitsandbytes.get_include(),
+        "-cudart=static", "-I", str(CSRC), "-I", str(out / "gen"), "-I", bitsandbytes.get_include(),
         '-DBNB_CUDA_ARCHS_STRING="sm_80 compute_80 (PTX)"', *sources, "-o", str(lib),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -135,7 +140,9 @@ def test_generated_launchers_compile_and_load(built_library, fresh_library, monk
     assert exported == {k.symbol for k in tables.all_kernels().values()} | {
         "bnb_cuda_error_string", "bnb_cuda_runtime_version", "bnb_cuda_driver_version", "bnb_cuda_archs",
         "bnb_cuda_check_device", "bnb_cuda_managed_alloc", "bnb_cuda_managed_free", "bnb_cuda_managed_prefetch",
-    }  # fmt: skip
+    } | set(upstream_api.ENTRY_POINTS)  # fmt: skip
+    # The plugin hands this very library to the core as bitsandbytes.functional.lib.
+    assert plugin.backend.native_library() is lib
     assert launch.error_string(35) == "CUDA driver version is insufficient for CUDA runtime version"
     if not torch.cuda.is_available():
         # No usable device: the probe reports it instead of crashing.
