@@ -118,7 +118,7 @@ def test_dequantize_blockwise_matches_the_reference_bit_for_bit(lib, t, n, block
 def test_unsloths_nested_absmax_call(lib):
     """unsloth: cdequantize_blockwise_fp32(code2, absmax (uint8), absmax2, out_absmax, 256, n, stream)."""
     W = torch.randn(64, 320, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
-    packed, state = F.quantize_4bit(W, blocksize=64, compress_statistics=True)
+    _, state = F.quantize_4bit(W, blocksize=64, compress_statistics=True)
     out_absmax = torch.empty(state.absmax.numel())
     rc = lib.cdequantize_blockwise_fp32(F.get_ptr(state.state2.code), F.get_ptr(state.absmax),
                                         F.get_ptr(state.state2.absmax), F.get_ptr(out_absmax),
@@ -222,7 +222,9 @@ def test_arguments_the_kernels_cannot_serve_launch_nothing(lib):
         rc = lib.cdequantize_blockwise_fp32(F.get_ptr(c), F.get_ptr(a), F.get_ptr(m), F.get_ptr(o), _c(blocksize),
                                             _c(n), probe)  # fmt: skip
         assert rc == INVALID, (blocksize, n)
-    assert lib.cdequantize_blockwise_fp16_nf4(None, F.get_ptr(q), None, None, _c(64), _c(0), probe) == 0  # nothing to do
+    assert (
+        lib.cdequantize_blockwise_fp16_nf4(None, F.get_ptr(q), None, None, _c(64), _c(0), probe) == 0
+    )  # nothing to do
     assert lib.cdequantize_blockwise_bf16_fp4(None, None, F.get_ptr(absmax), None, _c(64), _c(10), probe) == INVALID
     assert _seen(lib) == before.value  # none of these launched
     assert torch.equal(out, torch.full((100,), 7.0))

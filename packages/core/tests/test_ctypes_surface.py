@@ -57,7 +57,7 @@ def test_get_ptr_is_the_data_pointer_as_c_void_p():
 
 
 def test_get_ptr_refuses_what_is_not_a_tensor():
-    with pytest.raises(TypeError, match="get_ptr: A must be a torch.Tensor or None, got list"):
+    with pytest.raises(TypeError, match=r"get_ptr: A must be a torch\.Tensor or None, got list"):
         F.get_ptr([1, 2])
 
 
@@ -215,7 +215,9 @@ def test_an_installed_plugin_serves_lib_through_its_backend_object(tmp_path):
     result = run_snippet(SERVED, site, BNB_BACKENDS="serving,away")
     assert result["strlen"] == 5 and result["real"]
     assert "backend 'serving'" in result["repr"]
-    assert "backend 'serving'" in result["missing"] and "does not export cdequantize_blockwise_fp32" in result["missing"]
+    assert (
+        "backend 'serving'" in result["missing"] and "does not export cdequantize_blockwise_fp32" in result["missing"]
+    )
 
 
 # ------------------------------------------------------------------------------ cextension, cuda_specs, consts

@@ -55,7 +55,7 @@ def launcher(k) -> str:
 
 def header_text(kernels: list) -> str:
     """``launchers.gen.h``: the declaration of every launcher."""
-    parts = [HEADER, "#pragma once\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n\n#include \"launcher.h\"\n\n"]
+    parts = [HEADER, '#pragma once\n#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n\n#include "launcher.h"\n\n']
     parts += [f"{_signature(k)};\n" for k in kernels]
     return "".join(parts)
 

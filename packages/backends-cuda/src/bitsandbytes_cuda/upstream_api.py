@@ -49,7 +49,9 @@ def emulated_library() -> ctypes.CDLL:
             groups = tables.by_source()
             gen = _gen_dir()
             gen.mkdir(parents=True, exist_ok=True)
-            _generate._write(gen / "launchers.gen.h", _generate.header_text([k for s in KERNEL_SOURCES for k in groups[s]]))
+            _generate._write(
+                gen / "launchers.gen.h", _generate.header_text([k for s in KERNEL_SOURCES for k in groups[s]])
+            )
             # One translation unit: the launchers of both families (each including its kernel source), then
             # the entry points, exactly the files the real build compiles separately.
             code = "".join(_generate.source_text(s, groups[s]) for s in KERNEL_SOURCES)

@@ -136,13 +136,21 @@ def unsloth_fast_dequantize(u: dict, W, quant_state, stream):
     )  # fmt: skip
     out_absmax += offset
     fx = u["cdequantize_blockwise_fp16_nf4"] if dtype == torch.float16 else u["cdequantize_blockwise_bf16_nf4"]
-    fx(get_ptr(None), get_ptr(W), ptr_out_absmax, get_ptr(out), ctypes.c_int(blocksize), ctypes.c_int(out.numel()), stream)
+    fx(
+        get_ptr(None),
+        get_ptr(W),
+        ptr_out_absmax,
+        get_ptr(out),
+        ctypes.c_int(blocksize),
+        ctypes.c_int(out.numel()),
+        stream,
+    )
     return out.t() if W.shape[0] == 1 else out
 
 
 def unsloth_fast_gemv(u: dict, X, W, quant_state, stream):
     get_ptr = u["get_ptr"]
-    _, q_len, hd = X.shape
+    _, _q_len, hd = X.shape
     absmax, shape, dtype, blocksize = quant_state.absmax, quant_state.shape, quant_state.dtype, quant_state.blocksize
     stats, offset, state2 = quant_state.code, quant_state.offset, quant_state.state2
     out = torch.empty((1, 1, shape[0]), dtype=dtype, device=W.device)
@@ -173,7 +181,15 @@ def axolotl_dequantize(a: dict, W, quant_state, stream):
     )  # fmt: skip
     out_absmax += offset
     fx = a["cdequantize_blockwise_fp16_nf4"] if dtype == torch.float16 else a["cdequantize_blockwise_bf16_nf4"]
-    fx(get_ptr(None), get_ptr(W), ptr_out_absmax, get_ptr(out), ctypes.c_int(blocksize), ctypes.c_int(out.numel()), stream)
+    fx(
+        get_ptr(None),
+        get_ptr(W),
+        ptr_out_absmax,
+        get_ptr(out),
+        ctypes.c_int(blocksize),
+        ctypes.c_int(out.numel()),
+        stream,
+    )
     return out.t() if W.shape[0] == 1 else out
 
 
@@ -231,7 +247,9 @@ def test_calls_raise_a_clear_error_without_a_native_library():
     u, a = unsloth_module_scope(), axolotl_module_scope()
     with pytest.raises(RuntimeError, match=r"lib\.cdequantize_blockwise_fp32\(\).*no native library.*CUDA backend"):
         unsloth_fast_dequantize(u, W, state, ctypes.c_void_p(None))
-    with pytest.raises(RuntimeError, match=r"cdequantize_blockwise_fp32.*torch\.ops\.bitsandbytes\.dequantize_blockwise"):
+    with pytest.raises(
+        RuntimeError, match=r"cdequantize_blockwise_fp32.*torch\.ops\.bitsandbytes\.dequantize_blockwise"
+    ):
         axolotl_dequantize(a, W, state, _TorchStreamLike(None))
     with pytest.raises(RuntimeError, match=r"cgemm_4bit_inference_naive_bf16.*torch\.ops\.bitsandbytes\.gemv_4bit"):
         u["cgemm_4bit_inference_naive_bf16"](*[ctypes.c_int32(0)] * 3)
