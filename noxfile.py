@@ -76,6 +76,14 @@ def tests(session: nox.Session) -> None:
 
     install(session, *CLIENTS)
     session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
+    # unsloth's and axolotl's ctypes use again without native code, and on the emulated CUDA library.
+    import shutil
+
+    ctypes_clients = f"{CLIENT_TESTS}/test_unsloth_axolotl_imports.py"
+    session.run("pytest", "-q", ctypes_clients, env={**strict, "BNB_BACKENDS": "none"})
+    if shutil.which("nvcc") is not None:  # the CUDA backend was installed above
+        emulated = ("-p", "bitsandbytes_cuda.testing.emulated")
+        session.run("pytest", "-q", ctypes_clients, *emulated, env={**strict, "BNB_BACKENDS": "none"})
 
     wheels_installed_as_a_user_would(session)
 
