@@ -174,10 +174,15 @@ def test_lib_comes_from_a_loaded_backend_and_only_a_loaded_one(monkeypatch):
         assert "backend 'broken' could not open its native library: ZeroDivisionError" in message
         assert "loaded backends: plain, broken" in message and "not loaded: away (skipped: not available" in message
 
+        stale = F.lib.cdequantize_blockwise_fp32
+        # A backend that loads after lib was first read (no reset): "no library" is never kept.
         records.append(rec("serving", "m:serving", status=discovery.LOADED, backend=serving))
-        cextension.lib._reset()
         assert F.lib._lib is libc and F.lib.strlen(b"xyz") == 3
         assert "backend 'serving'" in repr(F.lib)
+        fresh = F.lib.cdequantize_blockwise_fp32
+        assert fresh is not stale and fresh is F.lib.cdequantize_blockwise_fp32
+        with pytest.raises(RuntimeError, match=r"backend 'serving' .* does not export cdequantize_blockwise_fp32"):
+            fresh()
     finally:
         cextension.lib._reset()
 

@@ -68,7 +68,7 @@ _SERVED_BY = (
 class _State:
     library: Any  # a ctypes.CDLL, or None
     origin: str  # who provided it, or why there is none
-    final: bool  # False while backends are still loading: look again next time
+    final: bool  # False before the backends have loaded: look again next time
 
 
 def _instead(name: str) -> str:
@@ -129,7 +129,7 @@ class NativeLibrary:
 
     def __init__(self) -> None:
         self._state: _State | None = None
-        self._stand_ins: dict[str, Callable] = {}
+        self._stand_ins: dict[str, tuple[str, Callable]] = {}  # name -> (the state's origin, stand-in)
 
     def _reset(self) -> None:
         self._state = None
@@ -148,7 +148,8 @@ class NativeLibrary:
                     state = _State(None, f"{origin} could not open its library: {type(exc).__name__}: {exc}", True)
             else:
                 state = _from_backends()
-            if state.final:
+            # "None" is not kept: a backend's load() may look at lib before the records are complete.
+            if state.final and state.library is not None:
                 self._state = state
         return state
 
@@ -170,10 +171,11 @@ class NativeLibrary:
                 return getattr(state.library, name)
             except AttributeError:
                 pass
-        stand_in = self._stand_ins.get(name)
-        if stand_in is None:
-            stand_in = self._stand_ins[name] = _stand_in(name, state)
-        return stand_in
+        # The same object for every read while nothing changes, as upstream's cached lookup.
+        cached = self._stand_ins.get(name)
+        if cached is None or cached[0] != state.origin:
+            cached = self._stand_ins[name] = (state.origin, _stand_in(name, state))
+        return cached[1]
 
     def __getitem__(self, name: str):
         return self.__getattr__(name)
