@@ -42,7 +42,7 @@ class Branches(torch.nn.Module):
         self.layers = torch.nn.ModuleList(layers)
 
     def forward(self, xs):
-        return [layer(x) for layer, x in zip(self.layers, xs)]
+        return [layer(x) for layer, x in zip(self.layers, xs, strict=True)]
 
 
 def linear4bit(quant_type, nested, bias, dtype, seed):
@@ -95,7 +95,7 @@ def run(net, xs, grads: bool):
     net.zero_grad(set_to_none=True)
     ys = net(xs)
     weights = [torch.randn(y.shape, generator=gen(200 + i)).to(y.dtype) for i, y in enumerate(ys)]
-    sum((y.float() * w.float()).sum() for y, w in zip(ys, weights)).backward()
+    sum((y.float() * w.float()).sum() for y, w in zip(ys, weights, strict=True)).backward()
     biases = [layer.bias.grad.clone() if layer.bias is not None else None for layer in net.layers]
     return [y.detach() for y in ys], [x.grad for x in xs] + biases
 
@@ -110,11 +110,11 @@ def assert_compiled_matches_eager(net, xs, *, mode: str, fullgraph: bool, grads:
     breaks = [b for b in counters["graph_break"] if may_break_at is None or may_break_at not in b]
     assert not breaks, f"graph breaks: {breaks}"
     assert len(out) == len(ref_out)
-    for i, (y, ref) in enumerate(zip(out, ref_out)):
+    for i, (y, ref) in enumerate(zip(out, ref_out, strict=True)):
         assert y.dtype == ref.dtype and y.shape == ref.shape, f"branch {i}"
         assert torch.equal(y, ref), f"branch {i}: {(y != ref).float().mean().item():.1%} of the outputs differ"
     n = len(xs)
-    for i, (g, ref) in enumerate(zip(got_grads, ref_grads)):
+    for i, (g, ref) in enumerate(zip(got_grads, ref_grads, strict=True)):
         if ref is None:
             assert g is None
         elif i < n:
@@ -190,5 +190,5 @@ def test_linear4bit_under_activation_checkpointing_compiles_whole(dtype):
     got = grads(torch.compile(net, fullgraph=True))
     assert not counters["graph_break"]
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-    for g, r in zip(got[2], ref[2]):
+    for g, r in zip(got[2], ref[2], strict=True):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-5)
