@@ -12,6 +12,8 @@ a sum over rows that Inductor may reorder, gets a float32-rounding tolerance.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -192,3 +194,31 @@ def test_linear4bit_under_activation_checkpointing_compiles_whole(dtype):
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     for g, r in zip(got[2], ref[2], strict=True):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-5)
+
+
+def test_slow_path_message_is_left_to_eager_calls(caplog):
+    # float16 input without compute_dtype: the case upstream warns about. Logging cannot be traced, so a
+    # compiled first call must neither break the graph nor log; the first eager call logs.
+    torch.compiler.reset()
+    counters.clear()
+    m = linear4bit("nf4", True, True, None, seed=3)
+    x = torch.randn(4, IN, generator=gen(9)).half()
+    with torch.no_grad(), caplog.at_level("WARNING", logger="bitsandbytes.nn.modules"):
+        y = torch.compile(m, fullgraph=True)(x)
+        assert not [r for r in caplog.records if r.name == "bitsandbytes.nn.modules"]
+        ref = m(x)
+    assert not counters["graph_break"]
+    assert torch.equal(y, ref)
+    assert len([r for r in caplog.records if r.name == "bitsandbytes.nn.modules"]) == 1
+
+
+@pytest.mark.parametrize("dim", [64, 96], ids=["rows-only", "whole-table"])
+def test_embedding4bit_compiles_whole(dim):
+    torch.compiler.reset()
+    counters.clear()
+    with pytest.warns(UserWarning, match="not divisible") if dim % 64 else contextlib.nullcontext():
+        m = bnb.nn.Embedding4bit(50, dim, quant_type="nf4").to("cpu")
+    idx = torch.tensor([[1, 5, 7], [0, 49, 3]])
+    y = torch.compile(m, fullgraph=True)(idx)
+    assert not counters["graph_break"]
+    assert torch.equal(y, m(idx))
