@@ -10,7 +10,6 @@ import torch
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 from bitsandbytes.nn import Linear4bit, LinearFP4, LinearNF4, Params4bit
-from bitsandbytes.nn import linear4bit as linear4bit_module
 
 IN, OUT = 64, 32
 SETTINGS = [
@@ -102,17 +101,53 @@ def test_compute_dtype_follows_fp32_and_bf16_inputs(x_dtype):
     torch.testing.assert_close(y, ref, rtol=tol, atol=tol)
 
 
-def test_fp16_input_without_compute_dtype_warns_once(monkeypatch):
-    monkeypatch.setattr(linear4bit_module, "_warned_fp16_compute", False)
-    a, b = quantized(), quantized(seed=1)
-    x = torch.randn(2, IN, generator=gen(4)).half()
-    with pytest.warns(UserWarning, match="float16"):
+def with_compute_dtype(compute_dtype, seed=0):
+    m = Linear4bit(IN, OUT, True, compute_dtype, quant_type="nf4")
+    m.load_state_dict(dense_linear(seed).state_dict())
+    return m.to("cpu")
+
+
+def slow_path_records(caplog):
+    return [r for r in caplog.records if r.name == "bitsandbytes.nn.modules" and "slow" in r.getMessage()]
+
+
+# (compute_dtype, input dtype): float32 is transformers' default bnb_4bit_compute_dtype; float16 with no
+# compute_dtype is the case upstream warns about.
+SLOW_PATHS = [(torch.float32, torch.float16), (torch.float32, torch.bfloat16), (None, torch.float16)]
+
+
+@pytest.mark.parametrize(("compute_dtype", "x_dtype"), SLOW_PATHS, ids=["fp32-fp16", "fp32-bf16", "none-fp16"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_half_input_on_the_fp32_path_logs_once_per_module(caplog, compute_dtype, x_dtype, rows):
+    a, b = with_compute_dtype(compute_dtype), with_compute_dtype(compute_dtype, seed=1)
+    x = torch.randn(rows, IN, generator=gen(4)).to(x_dtype)
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="bitsandbytes.nn.modules"):
+        warnings.simplefilter("error")  # a logger message, not a warnings.warn
         y = a(x)
-    assert y.dtype == torch.float16 and a.compute_dtype is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        b(x)
         a(x)
+        b(x)
+        a(x[:0] if rows > 1 else x)
+    assert y.dtype == x_dtype
+    records = slow_path_records(caplog)
+    assert len(records) == 2, [r.getMessage() for r in records]  # one per module, not one per process or call
+    text = records[0].getMessage()
+    assert str(x_dtype) in text and "bnb_4bit_compute_dtype=torch.float32" in text
+    if rows == 1:
+        assert text.endswith("slow inference.")
+    else:
+        assert text.endswith("slow inference or training speed.")
+
+
+@pytest.mark.parametrize(
+    ("compute_dtype", "x_dtype"),
+    [(None, torch.bfloat16), (None, torch.float32), (torch.float32, torch.float32), (torch.float16, torch.float16),
+     (torch.bfloat16, torch.float16)],
+)  # fmt: skip
+def test_no_slow_path_message_when_the_input_is_computed_in_16_bits_or_is_fp32(caplog, compute_dtype, x_dtype):
+    m = with_compute_dtype(compute_dtype)
+    with caplog.at_level("WARNING", logger="bitsandbytes.nn.modules"):
+        m(torch.randn(2, IN, generator=gen(4)).to(x_dtype))
+    assert slow_path_records(caplog) == []
 
 
 def test_explicit_compute_dtype_casts_input_and_output_back():

@@ -54,7 +54,9 @@ class MatMul4Bit(torch.autograd.Function):
         if A.numel() == 0:
             output = _empty_result(A, quant_state, bias)
         else:
-            output = _gemm(A, B.reshape(-1, 1), quant_state, bias)
+            # The kernel takes the bias in A's dtype (linear_4bit passes it in the module's dtype);
+            # backward gives the gradient in the bias's own dtype.
+            output = _gemm(A, B.reshape(-1, 1), quant_state, None if bias is None else bias.to(A.dtype))
         if out is not None:
             out.copy_(output)
             ctx.mark_dirty(out)
@@ -108,21 +110,38 @@ def matmul_4bit(
         result = torch.nn.functional.linear(A, W.t(), bias)
         return out.copy_(result) if out is not None else result
 
+    if bias is not None:
+        c.dtype("bias", bias, (A.dtype,))
+    return _product(A, B, qs, bias, out)
+
+
+def linear_4bit(A: torch.Tensor, B: torch.Tensor, quant_state: F.QuantState, bias: torch.Tensor | None) -> torch.Tensor:
+    """``matmul_4bit`` for the 4-bit modules: ``bias`` may have any floating dtype (the module's own).
+
+    On the one-row path the bias is added to the kernel's output as it is, never first rounded to A's
+    dtype by a separate cast: torch.compile (Inductor) fuses such a cast into the addition and skips
+    the rounding, so eager and compiled forwards would round the sum differently.
+    """
+    qs = _check_quant_state("quant_state", quant_state)
+    if bias is not None and not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating point tensor; got {bias.dtype}")
+    return _product(A, B, qs, bias, None)
+
+
+def _product(A, B, qs: F.QuantState, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
     needs_grad = torch.is_grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad:
         return MatMul4Bit.apply(A, B, out, bias, qs)
 
     B = B.reshape(-1, 1)
-    if bias is not None:
-        c.dtype("bias", bias, (A.dtype,))
     if A.numel() == 0:
         result = _empty_result(A, qs, bias)
     elif A.numel() == A.shape[-1]:  # one row: the inference (token-by-token decoding) fast path
         result = F.gemv_4bit(A, B, state=qs)
         if bias is not None:
-            result = result.add_(bias)
+            result = result.add_(bias)  # computed in the wider of the two dtypes, rounded once to A's
     else:
-        result = _gemm(A, B, qs, bias)
+        result = _gemm(A, B, qs, None if bias is None else bias.to(A.dtype))
     return out.copy_(result) if out is not None else result
 
 

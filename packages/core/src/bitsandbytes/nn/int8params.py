@@ -49,8 +49,9 @@ class Int8Params(torch.nn.Parameter):
         obj.has_fp16_weights = has_fp16_weights
         return obj
 
-    @property
-    def is_quantized(self) -> bool:
+    # Not a property named is_quantized: that would override torch.Tensor.is_quantized (torch's quantized
+    # qint8 tensors), and torch.compile's fake tensors then refuse the weight ("quantized nyi in meta tensors").
+    def _holds_codes(self) -> bool:
         return self.dtype == torch.int8
 
     def _quantize(self, device) -> Int8Params:
@@ -77,7 +78,7 @@ class Int8Params(torch.nn.Parameter):
     def to(self, *args, **kwargs):
         device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
         if (
-            not self.is_quantized
+            not self._holds_codes()
             and not self.has_fp16_weights
             and device is not None
             and device.type != "meta"
@@ -85,7 +86,7 @@ class Int8Params(torch.nn.Parameter):
         ):
             return self._quantize(device)
 
-        quantized = self.is_quantized
+        quantized = self._holds_codes()
         if quantized:
             dtype = None  # codes stay int8: a floating dtype here means the module's compute dtype
         moved = super().to(device=device, dtype=dtype, non_blocking=non_blocking)

@@ -7,30 +7,35 @@ changes the weight, so train and eval mode give the same result and ``state_dict
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import torch
 from torch import nn
 
 from .. import _checks as c
-from ..autograd._matmul_4bit import matmul_4bit
+from ..autograd._matmul_4bit import linear_4bit
 from ._state_dict4bit import load_4bit_weight, save_4bit_weight
 from .params4bit import Keeps4bitWeightState, Params4bit, packed_weight_and_state
 
-_warned_fp16_compute = False
+# Upstream's module path: users filter or silence bitsandbytes' module messages by this name.
+logger = logging.getLogger("bitsandbytes.nn.modules")
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def _warn_fp16_input_once(single_row: bool) -> None:
-    global _warned_fp16_compute
-    if _warned_fp16_compute:
-        return
-    _warned_fp16_compute = True
-    what = "inference" if single_row else "inference or training"
-    warnings.warn(
-        "Input type into Linear4bit is torch.float16, but bnb_4bit_compute_dtype=torch.float32 (default). "
-        f"This will lead to slow {what}; set compute_dtype=torch.float16.",
-        UserWarning,
-        stacklevel=3,
+def computes_half_input_in_fp32(compute_dtype: torch.dtype | None, x: torch.Tensor) -> bool:
+    """Whether a 16-bit input takes the slow float32 path: ``compute_dtype=torch.float32`` (transformers'
+    default ``bnb_4bit_compute_dtype``), or, as upstream warns, a float16 input with no compute_dtype."""
+    if x.dtype not in _HALF_DTYPES:
+        return False
+    return compute_dtype == torch.float32 or (compute_dtype is None and x.dtype == torch.float16)
+
+
+def slow_compute_message(x: torch.Tensor) -> str:
+    what = "inference." if x.numel() == x.shape[-1] else "inference or training speed."
+    return (
+        f"Input type into Linear4bit is {x.dtype}, but bnb_4bit_compute_dtype=torch.float32 (default). "
+        f"This will lead to slow {what}"
     )
 
 
@@ -77,8 +82,15 @@ class Linear4bit(Keeps4bitWeightState, nn.Linear):
         if x.dtype in (torch.float32, torch.bfloat16):
             # The input's dtype is safe to compute in, and avoids casting every call.
             self.compute_dtype = x.dtype
-        elif x.dtype == torch.float16 and self.compute_dtype in (None, torch.float32):
-            _warn_fp16_input_once(x.numel() == x.shape[-1])
+
+    def _warn_if_slow(self, x: torch.Tensor) -> None:
+        # Once per module, and only in eager calls: neither logging nor warnings can be traced by
+        # torch.compile (fullgraph=True would fail), and the condition is static for a compiled graph.
+        if torch.compiler.is_compiling() or getattr(self, "_warned_slow_compute", False):
+            return
+        if computes_half_input_in_fp32(self.compute_dtype, x):
+            self._warned_slow_compute = True
+            logger.warning(slow_compute_message(x))
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
@@ -110,13 +122,13 @@ class Linear4bit(Keeps4bitWeightState, nn.Linear):
         if not self.compute_type_is_set:
             self.set_compute_type(x)
             self.compute_type_is_set = True
+        self._warn_if_slow(x)
         inp_dtype = x.dtype
         if self.compute_dtype is not None:
             x = x.to(self.compute_dtype)
-        bias = self.bias
-        if bias is not None and bias.dtype != x.dtype:
-            bias = bias.to(x.dtype)  # a differentiable cast: the parameter itself is left alone
-        return matmul_4bit(x, weight, quant_state=qs, bias=bias).to(inp_dtype)
+        # The bias goes in its own dtype (the parameter is never cast in place); linear_4bit rounds it
+        # the same way eager and compiled.
+        return linear_4bit(x, weight, qs, self.bias).to(inp_dtype)
 
 
 class LinearFP4(Linear4bit):

@@ -298,16 +298,18 @@ def weight_quant_state(module: torch.nn.Module) -> QuantState | None:
 
     A quantized ``Params4bit`` carries its own state, and the module keeps a reference to it (refreshed
     here), because FSDP replaces the parameter by a plain tensor or a DTensor of the same packed bytes.
+    Attributes are read with getattr, never through ``__dict__``: forward runs this, and torch.compile
+    cannot trace ``__dict__`` of a tensor subclass (it graph-breaks, or fails with fullgraph=True).
     """
     weight = module._parameters.get("weight")
-    qs = weight.__dict__.get("quant_state") if isinstance(weight, Params4bit) else None
+    qs = getattr(weight, "quant_state", None) if isinstance(weight, Params4bit) else None
     if qs is not None:
-        if module.__dict__.get("quant_state") is not qs:
+        if getattr(module, "quant_state", None) is not qs:
             module.quant_state = qs
-        if module.__dict__.get("quant_storage") is not weight.dtype:
+        if getattr(module, "quant_storage", None) is not weight.dtype:
             module.quant_storage = weight.dtype
         return qs
-    return module.__dict__.get("quant_state")
+    return getattr(module, "quant_state", None)
 
 
 class Keeps4bitWeightState:

@@ -16,7 +16,16 @@ import torch
 from .._checks import OPTIMIZER_NAMES, n_blocks
 from .._ops import OPS, OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS, packed_4bit_shape
 
-__all__ = ["CLIPPED_OPTIMIZERS", "OPTIMIZER_HYPERPARAMETERS", "SAMPLES", "Sample", "op_overload", "samples"]
+__all__ = [
+    "CLIPPED_OPTIMIZERS",
+    "OPCHECK_UTILS",
+    "OPTIMIZER_HYPERPARAMETERS",
+    "SAMPLES",
+    "Sample",
+    "op_overload",
+    "opcheck_failures",
+    "samples",
+]
 
 Sample = tuple[tuple, dict]
 
@@ -338,3 +347,19 @@ def samples(op: str, device: torch.device | str = "cpu") -> list[Sample]:
     if op not in SAMPLES:
         raise KeyError(f"unknown op {op!r}; known: {', '.join(SAMPLES)}")
     return SAMPLES[op](device)
+
+
+# torch.library.opcheck's checks: the schema's mutation/alias annotations, the autograd registration, the
+# fake kernel against the real one, and tracing through AOTAutograd with dynamic shapes (torch.compile).
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def opcheck_failures(op: str, device: torch.device | str = "cpu") -> list[str]:
+    """``torch.library.opcheck`` of every sample of ``op`` on ``device``, with whatever kernel the
+    dispatcher holds for it there (the reference, a backend's, or an emulated one): one line per failed
+    check, empty when all pass."""
+    failures = []
+    for i, (args, kwargs) in enumerate(samples(op, device)):
+        result = torch.library.opcheck(op_overload(op), args, kwargs, test_utils=OPCHECK_UTILS, raise_exception=False)
+        failures += [f"{op} sample {i}: {check}: {got}" for check, got in result.items() if got != "SUCCESS"]
+    return failures
