@@ -1,0 +1,62 @@
+"""Calls upstream bitsandbytes 0.50 accepts, with the results it gives (issue 15, parts 3 and 4).
+
+Each test names the upstream test or source the behaviour comes from; the expected values are
+computed here from first principles or from another route through our own API, never hard-coded.
+"""
+
+import math
+
+import pytest
+import torch
+
+import bitsandbytes as bnb
+import bitsandbytes.functional as F
+from bitsandbytes.autograd import MatmulLtState
+
+
+def randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# --- bnb.matmul with a frozen int8 weight in the state (upstream tests/test_autograd.py test_matmullt)
+
+
+def frozen_state(W, threshold):
+    CB, SCB, _ = F.int8_vectorwise_quant(W.half())
+    return MatmulLtState(has_fp16_weights=False, CB=CB, SCB=SCB, threshold=threshold)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 6.0])
+@pytest.mark.parametrize("has_bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("rows", [0, 40], ids=["empty", "rows"])
+def test_matmul_takes_the_weight_from_state_cb(threshold, has_bias, rows):
+    K, N = 32, 48
+    A, W = randn(rows, K, dtype=torch.float16), randn(N, K, seed=1)
+    if rows:
+        A[:, [3, 9]] = 7.0  # outlier columns for threshold 6
+    bias = randn(N, seed=2, dtype=torch.float16) if has_bias else None
+    state = frozen_state(W, threshold)
+    as_rows = bnb.matmul(A, state.CB, state=frozen_state(W, threshold), bias=bias)
+    # Upstream's test passes the [K, N] view CB.t() here; the weight still comes from state.CB.
+    as_view = bnb.matmul(A, state.CB.t(), state=state, bias=bias)
+    assert as_view.shape == (rows, N) and as_view.dtype == A.dtype
+    assert torch.equal(as_view, as_rows)
+    if rows:
+        dense = A.double() @ W.double().T + (0 if bias is None else bias.double())
+        assert ((as_view.double() - dense).norm() / dense.norm()).item() < 0.02
+
+
+def test_matmul_state_cb_view_gives_the_input_gradient():
+    A, W = randn(6, 32, dtype=torch.float16).requires_grad_(), randn(48, 32, seed=1)
+    state = frozen_state(W, 0.0)
+    bnb.matmul(A, state.CB.t(), state=state).float().sum().backward()
+    weight = state.CB.to(torch.float16) * (state.SCB.unsqueeze(1) / 127).to(torch.float16)
+    torch.testing.assert_close(A.grad, torch.ones(6, 48, dtype=torch.float16) @ weight, rtol=2e-3, atol=2e-3)
+
+
+def test_matmul_state_cb_refuses_a_b_of_another_shape():
+    state = frozen_state(randn(48, 32), 0.0)
+    with pytest.raises(ValueError, match=r"B must be state\.CB's shape \(48, 32\) or its transpose"):
+        bnb.matmul(randn(4, 32), torch.zeros(32, 47, dtype=torch.int8), state=state)
+    with pytest.raises(ValueError, match=r"A's last dimension must equal state\.CB\.shape\[1\] \(32\)"):
+        bnb.matmul(randn(4, 48), state.CB.t(), state=state)
