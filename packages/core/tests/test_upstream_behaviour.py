@@ -4,8 +4,6 @@ Each test names the upstream test or source the behaviour comes from; the expect
 computed here from first principles or from another route through our own API, never hard-coded.
 """
 
-import math
-
 import pytest
 import torch
 
@@ -60,3 +58,27 @@ def test_matmul_state_cb_refuses_a_b_of_another_shape():
         bnb.matmul(randn(4, 32), torch.zeros(32, 47, dtype=torch.int8), state=state)
     with pytest.raises(ValueError, match=r"A's last dimension must equal state\.CB\.shape\[1\] \(32\)"):
         bnb.matmul(randn(4, 48), state.CB.t(), state=state)
+
+
+# --- 8-bit blockwise with any positive block size (upstream backends/cpu/ops.py, test_blockwise_cpu_large)
+
+
+@pytest.mark.parametrize("blocksize", [16384, 65536, 8192, 100, 48])
+def test_blockwise_takes_any_positive_blocksize(blocksize):
+    A = randn(4, 8192 + 5)  # a partial last block for every size
+    C, S = F.quantize_blockwise(A, blocksize=blocksize)
+    n_blocks = -(A.numel() // -blocksize)
+    assert S.blocksize == blocksize and S.absmax.shape == (n_blocks,)
+    flat = A.reshape(-1)
+    expected_absmax = torch.stack([flat[i : i + blocksize].abs().max() for i in range(0, flat.numel(), blocksize)])
+    assert torch.equal(S.absmax, expected_absmax)
+    A2 = F.dequantize_blockwise(C, S)
+    assert torch.equal(A2, F.dequantize_blockwise(C, absmax=S.absmax, blocksize=blocksize))
+    # Upstream's bound for the dynamic map (test_blockwise_cpu_large).
+    assert (A - A2).abs().mean().item() < 0.011
+
+
+@pytest.mark.parametrize("blocksize", [0, -64, 64.0, True])
+def test_blockwise_refuses_a_blocksize_that_is_not_a_positive_int(blocksize):
+    with pytest.raises(ValueError, match="blocksize must be a positive int"):
+        F.quantize_blockwise(randn(64), blocksize=blocksize)

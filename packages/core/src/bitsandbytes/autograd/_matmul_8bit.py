@@ -132,14 +132,10 @@ def _check_inputs(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, s
         # state then (test_matmullt passes CB.t()).
         N, K = CB.shape
         if tuple(B.shape) not in ((N, K), (K, N)):
-            raise ValueError(
-                f"B must be state.CB's shape {(N, K)} or its transpose {(K, N)}; got {tuple(B.shape)}"
-            )
+            raise ValueError(f"B must be state.CB's shape {(N, K)} or its transpose {(K, N)}; got {tuple(B.shape)}")
         transposed = tuple(B.shape) != (N, K)
         if A.dim() < 1 or A.shape[-1] != K:
-            raise ValueError(
-                f"A's last dimension must equal state.CB.shape[1] ({K}); got A of shape {tuple(A.shape)}"
-            )
+            raise ValueError(f"A's last dimension must equal state.CB.shape[1] ({K}); got A of shape {tuple(A.shape)}")
     else:
         N = B.shape[0]
         if A.dim() < 1 or A.shape[-1] != B.shape[1]:
