@@ -4,6 +4,8 @@ Each test names the upstream test or source the behaviour comes from; the expect
 computed here from first principles or from another route through our own API, never hard-coded.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -82,3 +84,43 @@ def test_blockwise_takes_any_positive_blocksize(blocksize):
 def test_blockwise_refuses_a_blocksize_that_is_not_a_positive_int(blocksize):
     with pytest.raises(ValueError, match="blocksize must be a positive int"):
         F.quantize_blockwise(randn(64), blocksize=blocksize)
+
+
+# --- the "few bit" maps (upstream tests/test_functional.py test_few_bit_quant)
+
+
+def few_bit_map(method, bits):
+    if method == "linear":
+        return F.create_linear_map(True, total_bits=bits)
+    if method == "fp8":
+        ebits = math.ceil(bits / 2)
+        return F.create_fp8_map(True, ebits, bits - ebits - 1, bits)
+    return F.create_dynamic_map(True, bits, bits)
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("method", ["linear", "fp8", "dynamic"])
+def test_few_bit_maps(method, bits):
+    code = few_bit_map(method, bits)
+    assert code.numel() == 256 and code.dtype == torch.float32
+    assert torch.unique(code).numel() in (2**bits, 2**bits - 1)
+    assert code.abs().max() == 1.0
+    # Blockwise quantization with the map picks a nearest entry for every value.
+    values = randn(1, 32, seed=bits)
+    values = values / values.abs().max()
+    C, S = F.quantize_blockwise(values, code=code, blocksize=32)
+    dist = (values.reshape(-1, 1).double() - code.double()).abs()
+    chosen = dist.gather(1, C.reshape(-1, 1).long())
+    assert torch.all(chosen <= dist.min(dim=1, keepdim=True).values + 1e-7)
+    assert torch.equal(F.dequantize_blockwise(C, S), code[C.long()] * S.absmax)
+
+
+def test_dynamic_map_with_as_many_exponent_bits_as_bits():
+    """max_exponent_bits=8: exponent 1e-7 gets no fraction step, 1e-6 one, ..., 1e0 sixty-four."""
+    code = F.create_dynamic_map(max_exponent_bits=8)
+    positive = code[code > 0]
+    assert code.numel() == 256 and positive.numel() == 128 and (code < 0).sum() == 127
+    assert positive.min().item() == pytest.approx(0.55e-6, rel=1e-6)  # the single step of 1e-6
+    for exponent, steps in zip(range(-6, 1), (1, 2, 4, 8, 16, 32, 64), strict=True):
+        level = positive[(positive >= 0.1 * 10.0**exponent) & (positive < 10.0**exponent)]
+        assert level.numel() == steps, exponent
