@@ -124,3 +124,23 @@ def test_dynamic_map_with_as_many_exponent_bits_as_bits():
     for exponent, steps in zip(range(-6, 1), (1, 2, 4, 8, 16, 32, 64), strict=True):
         level = positive[(positive >= 0.1 * 10.0**exponent) & (positive < 10.0**exponent)]
         assert level.numel() == steps, exponent
+
+
+# --- gemm_4bit with a half-precision absmax_offset (upstream casts it to float32)
+
+
+@pytest.mark.parametrize("offset_dtype", [torch.float16, torch.bfloat16])
+def test_gemm_4bit_takes_a_half_precision_offset(offset_dtype):
+    q, qs = F.quantize_4bit(randn(16, 64), compress_statistics=True)
+    A = randn(3, 64)
+    offset = qs.offset.reshape(1).to(offset_dtype)
+
+    def gemm(absmax_offset):
+        return torch.ops.bitsandbytes.gemm_4bit(
+            A, q, list(qs.shape), qs.state2.absmax, qs.blocksize, qs.quant_type,
+            absmax_8bit=qs.absmax, absmax_code=qs.state2.code, absmax_offset=absmax_offset,
+        )  # fmt: skip
+
+    assert torch.equal(gemm(offset), gemm(offset.float()))
+    with pytest.raises(TypeError, match="absmax_offset"):
+        gemm(offset.to(torch.int32))

@@ -251,7 +251,7 @@ def check_gemm_4bit(
             raise ValueError("absmax_code and absmax_offset are required when absmax_8bit is given")
         c.dtype("absmax_code", absmax_code, (torch.float32,))
         c.numel("absmax_code", absmax_code, 256, "one value per 8-bit code")
-        c.dtype("absmax_offset", absmax_offset, (torch.float32,))
+        c.dtype("absmax_offset", absmax_offset, c.FLOAT_DTYPES)  # used as float32, as upstream casts it
         c.numel("absmax_offset", absmax_offset, 1, "the scalar mean subtracted before double quantization")
         c.same_device("A", A, absmax_code=absmax_code, absmax_offset=absmax_offset)
         c.numel("absmax", absmax, c.n_blocks(n_absmax, 256), "one per block of 256 8-bit absmax codes")

@@ -302,7 +302,7 @@ def gemm_4bit(
         # Double quantization: the block scales back in float32, then the offset, as the reference.
         scales = torch.empty(absmax_8bit.numel(), dtype=torch.float32, device=A.device)
         _dequantize_blockwise_into(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, scales)
-        absmax = scales + absmax_offset.reshape(())
+        absmax = scales + absmax_offset.reshape(()).float()
     W = torch.empty((N, K), dtype=A.dtype, device=A.device)  # the reference's weight, rounded to A's dtype
     _dequantize_4bit_into(B, absmax, blocksize, quant_type, W.view(-1))
     if bias is None:
