@@ -144,3 +144,27 @@ def test_gemm_4bit_takes_a_half_precision_offset(offset_dtype):
     assert torch.equal(gemm(offset), gemm(offset.float()))
     with pytest.raises(TypeError, match="absmax_offset"):
         gemm(offset.to(torch.int32))
+
+
+# --- top-level names (upstream's __init__ imports nn.modules and optim.adam)
+
+
+def test_top_level_modules_and_adam():
+    assert bnb.modules is bnb.nn.modules and bnb.modules.Linear8bitLt is bnb.nn.Linear8bitLt
+    assert bnb.adam is bnb.optim.adam and bnb.adam.Adam8bit is bnb.optim.Adam8bit
+
+
+# --- bad input found on the way (issue 15 part 4)
+
+
+def test_dequantize_4bit_refuses_more_bytes_than_the_shape_needs():
+    W = randn(16, 64)
+    q, qs = F.quantize_4bit(W)
+    assert torch.equal(F.dequantize_4bit(q, qs), F.dequantize_4bit(q.clone(), qs))  # the exact count loads
+    # The float values themselves where the packed codes belong: 4096 bytes for 1024 values.
+    with pytest.raises(
+        ValueError, match=r"\bA holds 4096 bytes of packed 4-bit codes; shape \[16, 64\] needs exactly 512"
+    ):
+        F.dequantize_4bit(W, qs)
+    with pytest.raises(ValueError, match="needs exactly 512"):
+        F.dequantize_4bit(torch.cat([q, q[:1]]), qs)

@@ -159,10 +159,11 @@ def check_dequantize_4bit(
     c.dtype_arg("dtype", dtype, c.FLOAT_DTYPES)
     n = prod(dims)
     have = A.numel() * A.element_size()
-    if have < c.packed_4bit_bytes(n):
+    if have != c.packed_4bit_bytes(n):
+        # More bytes than the shape needs is as wrong as fewer: e.g. a float32 tensor of values passed
+        # where the packed codes belong would otherwise dequantize to garbage.
         raise ValueError(
-            f"A holds {have} bytes of packed 4-bit codes, fewer than the "
-            f"{c.packed_4bit_bytes(n)} that shape {list(dims)} needs"
+            f"A holds {have} bytes of packed 4-bit codes; shape {list(dims)} needs exactly {c.packed_4bit_bytes(n)}"
         )
     c.numel("absmax", absmax, c.n_blocks(n, blocksize), f"one per block of {blocksize} elements of shape {list(dims)}")
     return dims
