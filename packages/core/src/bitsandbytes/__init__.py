@@ -9,10 +9,12 @@ every op and the conformance suite. Native kernels come from backend plugins (``
 from importlib.metadata import PackageNotFoundError, version
 
 # Op definitions and default kernels first; then upstream's top-level names (bitsandbytes.nn, .optim,
-# .utils, .matmul, .matmul_4bit, .MatmulLtState).
+# .utils, .matmul, .matmul_4bit, .MatmulLtState, .modules, .adam).
 from . import _ops, _reference, functional, nn, optim, utils  # noqa: F401
 from .autograd._functions import MatmulLtState, matmul, matmul_4bit  # noqa: F401
 from .backends import load_backends as _load_backends
+from .nn import modules  # noqa: F401  (upstream's bitsandbytes.modules is bitsandbytes.nn.modules)
+from .optim import adam  # noqa: F401  (and bitsandbytes.adam is bitsandbytes.optim.adam)
 
 try:
     __version__ = version("bitsandbytes")

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# Block sizes that every backend must accept (upstream 0.50 accepts these on its CUDA backend).
+# Block sizes that every backend must accept (upstream 0.50 accepts these on its CUDA backend). The
+# 8-bit blockwise ops take any positive block size (upstream's CPU path does, its tests use 16384); a
+# backend whose kernels cover only these hands the others to the reference kernel.
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 QUANT_TYPES = ("nf4", "fp4")
 # Storage dtypes a packed 4-bit tensor may be viewed as (upstream: any dtype the FSDP shards use).
@@ -62,6 +64,12 @@ def contiguous(name: str, t: torch.Tensor) -> None:
 def blocksize(b: object, allowed: Sequence[int] = BLOCKSIZES) -> None:
     if isinstance(b, bool) or not isinstance(b, int) or b not in allowed:
         raise ValueError(f"blocksize must be one of {', '.join(map(str, allowed))}; got {b!r}")
+
+
+def any_blocksize(b: object) -> None:
+    """The block size of the 8-bit blockwise ops: any positive int."""
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"blocksize must be a positive int; got {b!r}")
 
 
 def quant_type(q: object) -> None:

@@ -94,7 +94,7 @@ def check_quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int
     c.dtype("code", code, (torch.float32,))
     c.same_device("A", A, code=code)
     c.numel("code", code, 256, "one value per 8-bit code")
-    c.blocksize(blocksize)
+    c.any_blocksize(blocksize)
 
 
 def check_dequantize_blockwise(
@@ -105,7 +105,7 @@ def check_dequantize_blockwise(
     c.dtype("code", code, (torch.float32,))
     c.same_device("A", A, absmax=absmax, code=code)
     c.numel("code", code, 256, "one value per 8-bit code")
-    c.blocksize(blocksize)
+    c.any_blocksize(blocksize)
     c.dtype_arg("dtype", dtype, c.FLOAT_DTYPES)
     c.numel("absmax", absmax, c.n_blocks(A.numel(), blocksize), f"one per block of {blocksize} elements of A")
 
@@ -159,10 +159,11 @@ def check_dequantize_4bit(
     c.dtype_arg("dtype", dtype, c.FLOAT_DTYPES)
     n = prod(dims)
     have = A.numel() * A.element_size()
-    if have < c.packed_4bit_bytes(n):
+    if have != c.packed_4bit_bytes(n):
+        # More bytes than the shape needs is as wrong as fewer: e.g. a float32 tensor of values passed
+        # where the packed codes belong would otherwise dequantize to garbage.
         raise ValueError(
-            f"A holds {have} bytes of packed 4-bit codes, fewer than the "
-            f"{c.packed_4bit_bytes(n)} that shape {list(dims)} needs"
+            f"A holds {have} bytes of packed 4-bit codes; shape {list(dims)} needs exactly {c.packed_4bit_bytes(n)}"
         )
     c.numel("absmax", absmax, c.n_blocks(n, blocksize), f"one per block of {blocksize} elements of shape {list(dims)}")
     return dims
@@ -251,7 +252,7 @@ def check_gemm_4bit(
             raise ValueError("absmax_code and absmax_offset are required when absmax_8bit is given")
         c.dtype("absmax_code", absmax_code, (torch.float32,))
         c.numel("absmax_code", absmax_code, 256, "one value per 8-bit code")
-        c.dtype("absmax_offset", absmax_offset, (torch.float32,))
+        c.dtype("absmax_offset", absmax_offset, c.FLOAT_DTYPES)  # used as float32, as upstream casts it
         c.numel("absmax_offset", absmax_offset, 1, "the scalar mean subtracted before double quantization")
         c.same_device("A", A, absmax_code=absmax_code, absmax_offset=absmax_offset)
         c.numel("absmax", absmax, c.n_blocks(n_absmax, 256), "one per block of 256 8-bit absmax codes")

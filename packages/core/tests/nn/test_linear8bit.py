@@ -236,28 +236,28 @@ def checkpoint():
 
 
 @pytest.mark.parametrize(
-    ("edit", "error", "match"),
+    ("edit", "match"),
     [
-        (lambda sd: sd.pop("SCB"), ValueError, "'SCB'"),
-        (lambda sd: sd.update(SCB=sd["SCB"][:-1]), ValueError, "'SCB'.*one scale per row"),
-        (lambda sd: sd.update(SCB=sd["SCB"].half()), TypeError, "'SCB'.*float32"),
-        (lambda sd: sd.update(SCB=[1.0] * OUT), TypeError, "'SCB'"),
-        (lambda sd: sd.update(weight_format=torch.tensor(1, dtype=torch.uint8)), ValueError, "'weight_format'.*col32"),
+        (lambda sd: sd.pop("SCB"), "'SCB'"),
+        (lambda sd: sd.update(SCB=sd["SCB"][:-1]), "'SCB'.*one scale per row"),
+        (lambda sd: sd.update(SCB=sd["SCB"].half()), "'SCB'.*float32"),
+        (lambda sd: sd.update(SCB=[1.0] * OUT), "'SCB'"),
+        (lambda sd: sd.update(weight_format=torch.tensor(1, dtype=torch.uint8)), "'weight_format'.*col32"),
         (
             lambda sd: sd.update(weight_format=torch.tensor(9, dtype=torch.uint8)),
-            ValueError,
             "'weight_format'.*unknown",
         ),
-        (lambda sd: sd.update(weight_format="col_ampere"), ValueError, "'weight_format'.*only the row-major"),
-        (lambda sd: sd.update(weight_format=torch.zeros(2)), ValueError, "'weight_format'"),
-        (lambda sd: sd.update(weight=sd["weight"].to(torch.int32)), TypeError, "'weight'.*int32"),
-        (lambda sd: sd.pop("weight"), ValueError, "'SCB'.*no 'weight'"),
+        (lambda sd: sd.update(weight_format="col_ampere"), "'weight_format'.*only the row-major"),
+        (lambda sd: sd.update(weight_format=torch.zeros(2)), "'weight_format'"),
+        (lambda sd: sd.update(weight=sd["weight"].to(torch.int32)), "'weight'.*int32"),
+        (lambda sd: sd.pop("weight"), "'SCB'.*no 'weight'"),
     ],
 )
-def test_garbled_checkpoints_name_the_key(edit, error, match):
+def test_garbled_checkpoints_name_the_key(edit, match):
     sd = checkpoint()
     edit(sd)
-    with pytest.raises(error, match=match):
+    # A RuntimeError, as torch raises for its own load_state_dict problems (clients catch that).
+    with pytest.raises(RuntimeError, match=match):
         Linear8bitLt(IN, OUT, has_fp16_weights=False).load_state_dict(sd)
 
 
@@ -266,7 +266,7 @@ def test_keys_are_named_with_their_prefix():
     del sd["layer.SCB"]
     model = torch.nn.Module()
     model.layer = Linear8bitLt(IN, OUT, has_fp16_weights=False)
-    with pytest.raises(ValueError, match=r"'layer\.SCB'"):
+    with pytest.raises(RuntimeError, match=r"'layer\.SCB'"):
         model.load_state_dict(sd)
 
 
@@ -286,7 +286,7 @@ def test_weight_format_row_by_name_and_missing_is_accepted():
 
 
 def test_int8_checkpoint_into_fp16_weights_module():
-    with pytest.raises(ValueError, match="has_fp16_weights=True"):
+    with pytest.raises(RuntimeError, match="has_fp16_weights=True"):
         Linear8bitLt(IN, OUT, has_fp16_weights=True).load_state_dict(checkpoint())
 
 

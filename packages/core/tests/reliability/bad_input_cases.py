@@ -448,8 +448,9 @@ case("dequantize_4bit", "no quant_state and no absmax", Raises((TypeError, Value
 case("quantize_blockwise", "int dtype", Raises(TypeError, r"\bA\b"))(
     lambda: F.quantize_blockwise(torch.ones(64, dtype=torch.int64))
 )
-case("quantize_blockwise", "blocksize 3", Raises(ValueError, "blocksize"))(
-    lambda: F.quantize_blockwise(_x(64), blocksize=3)
+# Any positive block size is valid for the 8-bit blockwise ops (as upstream's CPU path); 0 is not.
+case("quantize_blockwise", "blocksize 0", Raises(ValueError, "blocksize"))(
+    lambda: F.quantize_blockwise(_x(64), blocksize=0)
 )
 case("quantize_blockwise", "code wrong length", Raises(ValueError, "code"))(
     lambda: ops.quantize_blockwise(_x(64), torch.linspace(-1, 1, 10), 64)

@@ -122,7 +122,7 @@ def _effective_absmax(absmax, absmax_8bit, absmax_code, absmax_offset) -> torch.
             absmax_8bit.contiguous().reshape(-1),
             absmax.contiguous(),
             absmax_code.contiguous(),
-            absmax_offset.contiguous(),
+            absmax_offset.float().contiguous(),  # the contract allows fp16/bf16; the kernel reads fp32
             out,
             threads(),
         )

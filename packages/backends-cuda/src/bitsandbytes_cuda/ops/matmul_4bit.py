@@ -128,7 +128,7 @@ def expand_nested_absmax(absmax_8bit, absmax, absmax_code, absmax_offset) -> tor
             absmax_8bit.contiguous().reshape(-1),
             absmax.contiguous(),
             absmax_code.contiguous(),
-            absmax_offset.contiguous().reshape(-1),
+            absmax_offset.float().contiguous().reshape(-1),  # the contract allows fp16/bf16; the kernel reads fp32
             out,
             n,
         )

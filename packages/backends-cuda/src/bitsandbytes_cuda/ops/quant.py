@@ -18,6 +18,7 @@ from bitsandbytes._ops import (
     check_quantize_4bit,
     check_quantize_blockwise,
 )
+from bitsandbytes._reference import REFERENCE
 
 from ..launch import launch
 from ._common import suffix
@@ -58,6 +59,8 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_blockwise(A, code, blocksize)
+    if blocksize not in _checks.BLOCKSIZES:  # the launch geometry covers powers of two in [32, 4096] only
+        return REFERENCE["quantize_blockwise"](A, code, blocksize)
     n = A.numel()
     out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
     absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
@@ -81,6 +84,8 @@ def dequantize_blockwise(
     A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
 ) -> torch.Tensor:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
+    if blocksize not in _checks.BLOCKSIZES:
+        return REFERENCE["dequantize_blockwise"](A, absmax, code, blocksize, dtype)
     out = torch.empty(A.shape, dtype=dtype, device=A.device)
     _dequantize_blockwise_into(A, absmax, code, blocksize, out)
     return out
@@ -91,6 +96,8 @@ def dequantize_blockwise_out(
 ) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
     _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
+    if blocksize not in _checks.BLOCKSIZES:
+        return REFERENCE["dequantize_blockwise.out"](A, absmax, code, blocksize, dtype, out)
     _dequantize_blockwise_into(A, absmax, code, blocksize, out)
 
 

@@ -47,9 +47,11 @@ __all__ = ["OPS"]
 SOURCES = ("quant.metal",)
 
 
-def _fallback(op: str, kernel: str, threads: int = 0) -> Callable | None:
+def _fallback(op: str, kernel: str, threads: int = 0, blocksize: int | None = None) -> Callable | None:
     """The reference kernel of ``op`` when ``kernel`` is not loaded (or ``threads`` is past 32-bit
-    positions), else None."""
+    positions, or ``blocksize`` is one the kernels do not cover), else None."""
+    if blocksize is not None and blocksize not in _checks.BLOCKSIZES:
+        return REFERENCE[op]
     return None if native(kernel, threads) else REFERENCE[op]
 
 
@@ -87,7 +89,7 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_blockwise(A, code, blocksize)
     name = f"quantize_blockwise_{suffix(A.dtype)}"
-    if ref := _fallback("quantize_blockwise", name, A.numel()):
+    if ref := _fallback("quantize_blockwise", name, A.numel(), blocksize):
         return ref(A, code, blocksize)
     n = A.numel()
     out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
@@ -121,7 +123,7 @@ def dequantize_blockwise(
     A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
 ) -> torch.Tensor:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    if ref := _fallback("dequantize_blockwise", f"dequantize_blockwise_{suffix(dtype)}", A.numel()):
+    if ref := _fallback("dequantize_blockwise", f"dequantize_blockwise_{suffix(dtype)}", A.numel(), blocksize):
         return ref(A, absmax, code, blocksize, dtype)
     out = torch.empty(A.shape, dtype=dtype, device=A.device)
     _dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))
@@ -133,7 +135,7 @@ def dequantize_blockwise_out(
 ) -> None:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
     _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
-    if ref := _fallback("dequantize_blockwise.out", f"dequantize_blockwise_{suffix(dtype)}", A.numel()):
+    if ref := _fallback("dequantize_blockwise.out", f"dequantize_blockwise_{suffix(dtype)}", A.numel(), blocksize):
         return ref(A, absmax, code, blocksize, dtype, out)
     _dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))  # out_tensor: contiguous
 
@@ -300,7 +302,7 @@ def gemm_4bit(
         # Double quantization: the block scales back in float32, then the offset, as the reference.
         scales = torch.empty(absmax_8bit.numel(), dtype=torch.float32, device=A.device)
         _dequantize_blockwise_into(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, scales)
-        absmax = scales + absmax_offset.reshape(())
+        absmax = scales + absmax_offset.reshape(()).float()
     W = torch.empty((N, K), dtype=A.dtype, device=A.device)  # the reference's weight, rounded to A's dtype
     _dequantize_4bit_into(B, absmax, blocksize, quant_type, W.view(-1))
     if bias is None:

@@ -121,12 +121,15 @@ def create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
 
     For each exponent 10**(-(max_exponent_bits - 1) + i) the fraction range [0.1, 1] is split
     linearly, the finer the larger the exponent; plus 0 and 1.0. The signed default has 256 sorted
-    entries with no -1.0, 0 at index 127 and 1.0 at index 255.
+    entries with no -1.0, 0 at index 127 and 1.0 at index 255. ``max_exponent_bits`` may exceed the
+    non-sign bits, as in upstream's few-bit maps (``create_dynamic_map(True, bits, bits)``): exponents
+    with fewer than one fraction step then contribute no values.
     """
     _check_bool("signed", signed)
     _check_int("total_bits", total_bits, 2, 8)
     non_sign_bits = total_bits - 1
-    _check_int("max_exponent_bits", max_exponent_bits, 1, non_sign_bits)
+    # No power of ten below 1e-64 survives float32 anyway; the bound keeps the loop finite.
+    _check_int("max_exponent_bits", max_exponent_bits, 1, 64)
     data: list[float] = []
 
     def add_level(exponent: int, n_fractions: int) -> None:
@@ -137,10 +140,14 @@ def create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8):
         if signed:
             data.extend((-(10 ** (-(max_exponent_bits - 1) + exponent)) * means).tolist())
 
+    def fractions(log2: int) -> int:
+        # 2**log2 steps; a negative log2 is a fraction of a step, which upstream truncates to none.
+        return 2**log2 if log2 >= 0 else 0
+
     for i in range(max_exponent_bits):
-        add_level(i, 2 ** (i + non_sign_bits - max_exponent_bits + (0 if signed else 1)))
+        add_level(i, fractions(i + non_sign_bits - max_exponent_bits + (0 if signed else 1)))
     # Codes whose exponent bits are all zero and have no indicator bit; they reuse the last level.
-    extra = 2 ** (non_sign_bits - max_exponent_bits) - 1
+    extra = fractions(non_sign_bits - max_exponent_bits) - 1
     if extra > 0:
         add_level(max_exponent_bits - 1, extra)
     data += [0.0, 1.0]

@@ -446,6 +446,7 @@ def quantize_blockwise(
     given, receive copies of the results (legacy arguments).
     """
     c.dtype("A", A, c.FLOAT_DTYPES)
+    c.any_blocksize(blocksize)  # before torch's schema turns True into 1 or refuses 64.0 in its own words
     code = _dynamic_map(A.device) if code is None else _table_on("code", code, A.device)
     q, block_absmax = torch.ops.bitsandbytes.quantize_blockwise.default(A, code, blocksize)
     if nested:
@@ -484,6 +485,7 @@ def dequantize_blockwise(
     if quant_state is None:
         code_name = "code"
         code = _dynamic_map(A.device) if code is None else code
+        c.any_blocksize(blocksize)
         quant_state = QuantState(absmax=absmax, code=code, blocksize=blocksize, dtype=torch.float32)
     qs = _check_quant_state("quant_state", quant_state)
     table = _table_on(code_name, qs.code, A.device)

@@ -145,6 +145,6 @@ def gemm_4bit(
         # Double quantization: absmax holds the scales of the 8-bit-coded block scales, one per
         # DOUBLE_QUANT_BLOCKSIZE of them, and absmax_offset the mean subtracted before coding.
         nested = dequantize_blockwise(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, torch.float32)
-        absmax = nested + absmax_offset.reshape(())
+        absmax = nested + absmax_offset.reshape(()).float()
     table = _formats.code_table(quant_type, A.device)
     return _linear(A, _dequantize(B, absmax, table, blocksize, (N, K)), bias)

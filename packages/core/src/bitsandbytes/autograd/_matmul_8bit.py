@@ -110,19 +110,43 @@ def _weight_codes(B: torch.Tensor, state: MatmulLtState) -> tuple[torch.Tensor, 
     return state.CB, state.SCB
 
 
-def _check_inputs(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None) -> None:
+def _frozen_codes(state: MatmulLtState) -> torch.Tensor | None:
+    """``state.CB`` when it alone defines the weight (frozen int8 weight with its scales), else None."""
+    if state.has_fp16_weights or state.CB is None or state.SCB is None:
+        return None
+    return state.CB
+
+
+def _check_inputs(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, state: MatmulLtState) -> bool:
+    """Checks the operands; returns whether ``B`` is the ``[K, N]`` view of the frozen weight ``state.CB``."""
     if not isinstance(A, torch.Tensor) or not A.is_floating_point():
         raise TypeError(f"A must be a floating-point tensor; got {getattr(A, 'dtype', type(A).__name__)}")
     if not isinstance(B, torch.Tensor):
         raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
     if B.dim() != 2:
         raise ValueError(f"B must be a 2-D weight [out_features, in_features]; got shape {tuple(B.shape)}")
-    if A.dim() < 1 or A.shape[-1] != B.shape[1]:
-        raise ValueError(f"A's last dimension must equal B.shape[1] ({B.shape[1]}); got A of shape {tuple(A.shape)}")
+    CB = _frozen_codes(state)
+    transposed = False
+    if CB is not None:
+        # The weight is state.CB; B only has to be it or its transpose, as upstream reads B from the
+        # state then (test_matmullt passes CB.t()).
+        N, K = CB.shape
+        if tuple(B.shape) not in ((N, K), (K, N)):
+            raise ValueError(f"B must be state.CB's shape {(N, K)} or its transpose {(K, N)}; got {tuple(B.shape)}")
+        transposed = tuple(B.shape) != (N, K)
+        if A.dim() < 1 or A.shape[-1] != K:
+            raise ValueError(f"A's last dimension must equal state.CB.shape[1] ({K}); got A of shape {tuple(A.shape)}")
+    else:
+        N = B.shape[0]
+        if A.dim() < 1 or A.shape[-1] != B.shape[1]:
+            raise ValueError(
+                f"A's last dimension must equal B.shape[1] ({B.shape[1]}); got A of shape {tuple(A.shape)}"
+            )
     if A.device != B.device:
         raise ValueError(f"A and B must be on the same device; got {A.device} and {B.device}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != B.shape[0]):
-        raise ValueError(f"bias must have shape ({B.shape[0]},); got {tuple(bias.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
+        raise ValueError(f"bias must have shape ({N},); got {tuple(bias.shape)}")
+    return transposed
 
 
 class MatMul8bitLt(torch.autograd.Function):
@@ -135,6 +159,7 @@ class MatMul8bitLt(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, B, out=None, bias=None, state=None):
         state = state or MatmulLtState()
+        ctx.B_transposed = _frozen_codes(state) is not None and tuple(B.shape) != tuple(state.CB.shape)
         CB, SCB = _weight_codes(B, state)
         N, K = CB.shape
         ctx.state = state
@@ -175,6 +200,8 @@ class MatMul8bitLt(torch.autograd.Function):
             grad_A = torch.zeros(ctx.shape_A, dtype=ctx.dtype_A, device=grad_output.device) if need_A else None
             grad_B = torch.zeros((N, CB.shape[1]), dtype=ctx.dtype_B, device=grad_output.device) if need_B else None
             grad_bias = torch.zeros(N, dtype=ctx.dtype_bias, device=grad_output.device) if need_bias else None
+            if grad_B is not None and ctx.B_transposed:
+                grad_B = grad_B.t()
             return grad_A, grad_B, None, grad_bias, None
 
         g = grad_output.reshape(-1, N)
@@ -192,6 +219,8 @@ class MatMul8bitLt(torch.autograd.Function):
             if subA is not None and subA.numel():
                 gB[:, idx] += g.t().float() @ subA.float()
             grad_B = gB.to(ctx.dtype_B)
+            if ctx.B_transposed:
+                grad_B = grad_B.t()
         return grad_A, grad_B, None, grad_bias, None
 
 
@@ -239,7 +268,9 @@ def matmul(
 
     Args:
         A: activations ``[..., K]``, float16/bfloat16/float32; the result has A's dtype.
-        B: the weight ``[N, K]``: floating point, or int8 codes when ``state`` holds ``SCB``.
+        B: the weight ``[N, K]``: floating point, or int8 codes when ``state`` holds ``SCB``. When
+            ``state`` holds a frozen weight (``CB`` and ``SCB`` set, ``has_fp16_weights=False``), that
+            weight is used and ``B`` may be ``CB`` or its ``[K, N]`` transpose, as upstream.
         out: optional tensor the result is copied into (and returned).
         state: a MatmulLtState kept across calls (a fresh one when None).
         threshold: outlier threshold; when > 0 it is stored into ``state``.
@@ -248,7 +279,7 @@ def matmul(
     state = state or MatmulLtState()
     if threshold > 0.0:
         state.threshold = threshold
-    _check_inputs(A, B, bias)
+    _check_inputs(A, B, bias, state)
     result = MatMul8bitLt.apply(A, B, None, bias, state)
     if out is not None:
         return out.copy_(result)

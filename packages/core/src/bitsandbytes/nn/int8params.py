@@ -181,7 +181,8 @@ class Int8WeightIO:
 
     Saving is a pure read. Loading accepts a floating-point weight (as saved by the unquantized module,
     quantized again if this module already was) or an int8 ``weight`` with its ``SCB``, into a module
-    in any state, including one just built and never moved.
+    in any state, including one just built and never moved. A bad entry is reported as torch reports
+    its own: ``load_state_dict`` raises ``RuntimeError`` naming the key, and this module keeps its weight.
     """
 
     _int8_write_format = False  # Linear8bitLt also writes the legacy ``weight_format`` key
@@ -244,7 +245,20 @@ class Int8WeightIO:
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        weight_in, scb_in = self._check_int8_entries(state_dict, prefix)
+        try:
+            weight_in, scb_in = self._check_int8_entries(state_dict, prefix)
+        except (TypeError, ValueError) as e:
+            # Reported the way torch reports its own problems (a RuntimeError from load_state_dict,
+            # which clients catch), and before anything is copied.
+            error_msgs.append(str(e))
+            return
+        if weight_in is not None and weight_in.dtype == torch.int8 and not isinstance(self.weight, Int8Params):
+            error_msgs.append(
+                f"cannot load the int8 {prefix}weight and its {prefix}SCB: this module's weight is a plain "
+                f"{type(self.weight).__name__} ({self.weight.dtype}), not an Int8Params (tied to another "
+                "module's weight?); loading would overwrite that tensor with int8 codes"
+            )
+            return
         before = self.weight
         n_errors = len(error_msgs)
         super()._load_from_state_dict(

@@ -74,6 +74,15 @@ class Linear8bitLt(Int8WeightIO, nn.Linear):
         self.state.CB = weight.data
         self.state.SCB = scb
 
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # As upstream's Linear8bitLt.to: the state follows the weight at once, not at the next forward.
+        weight = self.weight
+        if not self.state.has_fp16_weights and weight.dtype == torch.int8 and self._int8_scb() is not None:
+            self.state.CB = weight.data
+            self.state.SCB = self._int8_scb()
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"x must be a floating-point tensor; got {getattr(x, 'dtype', type(x).__name__)}")

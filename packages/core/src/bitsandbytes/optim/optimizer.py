@@ -45,6 +45,19 @@ _PAGED_MIN_NUMEL = 100_000
 _GNORM_HISTORY = 100
 
 
+def _check_grad_shape(p: torch.Tensor, gindex: int, pindex: int) -> None:
+    """``p.grad`` has ``p``'s shape; checked before any state is created or changed.
+
+    torch's ``.grad`` setter enforces this, but ``p.grad.data = ...`` (or a hook) does not, and a
+    gradient with the same element count would otherwise step every value with the wrong one.
+    """
+    if tuple(p.grad.shape) != tuple(p.shape):
+        raise ValueError(
+            f"the gradient (p.grad) of parameter {pindex} in param group {gindex} has shape "
+            f"{tuple(p.grad.shape)}; it must have the parameter's shape {tuple(p.shape)}"
+        )
+
+
 class MockArgs:
     """Attribute access to a dict of optimizer arguments (upstream's ``optimizer.args``)."""
 
@@ -176,6 +189,7 @@ class Optimizer8bit(torch.optim.Optimizer):
             for pindex, p in enumerate(group["params"]):
                 if p.grad is None:
                     continue
+                _check_grad_shape(p, gindex, pindex)
                 if len(self.state[p]) == 0:
                     self.init_state(group, p, gindex, pindex)
                 self.prefetch_state(p)

@@ -257,3 +257,21 @@ def test_gemm_4bit(bnb_device, dtype, quant_type, bias, nested):
     assert_matmul_close(out, ref, A, W64, "gemm vs reference")
     truth = A.double() @ W64.T + (kwargs["bias"].double() if bias else 0)
     assert_matmul_close(out, truth.to(dtype), A, W64, "gemm vs float64 A @ W.T (+ bias)")
+
+
+@pytest.mark.parametrize("offset_dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_gemm_4bit_casts_a_half_precision_offset_to_float32(bnb_device, offset_dtype):
+    """Upstream casts absmax_offset to float32: the result is the one with offset.float()."""
+    from bitsandbytes import functional
+
+    N, K, blocksize = 40, 96, 32
+    packed, absmax, _ = weight(N, K, blocksize, "nf4", bnb_device, seed_of("gmo", offset_dtype))
+    A = randn((3, K), torch.float32, seed_of("gmo-A", offset_dtype), spread=False)
+    dyn = functional.create_dynamic_map(signed=True).float()
+    offset = absmax.cpu().mean().reshape(1).to(offset_dtype)
+    absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax.cpu() - offset.float(), dyn, 256)
+    args = (A, packed, [N, K], absmax2, blocksize, "nf4")
+    kwargs = {"absmax_8bit": absmax_8bit, "absmax_code": dyn}
+    out = op_overload("gemm_4bit")(*to(args, bnb_device), **to(kwargs | {"absmax_offset": offset}, bnb_device))
+    ref = op_overload("gemm_4bit")(*to(args, bnb_device), **to(kwargs | {"absmax_offset": offset.float()}, bnb_device))
+    assert_equal(out, ref, "fp16/bf16 offset vs the same offset in float32")
