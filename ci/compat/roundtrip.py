@@ -119,11 +119,12 @@ def check_modules(bnb, cases: dict, c: Checker) -> None:
         c.same_state_dict(m.state_dict(), sd, f"{name}: state dict")
         w = sd["weight"].double() * sd["SCB"].double().unsqueeze(1) / 127
         tol = out_tolerance(data["x"], w, sd["bias"], data["x"].dtype)
-        # Evaluation mode: upstream's int8 route; in training mode on CPU it takes a float matmul instead,
-        # which ours does not reproduce (ours computes the int8 route in both modes).
+        # Each mode against ours in that mode: on CPU both packages compute training mode with the
+        # float route (MatMul8bitFp) and evaluation mode with LLM.int8().
         with torch.no_grad():
-            m.eval()
-            c.close(m(data["x"].clone()), data["y_eval"], tol, f"{name}: output")
+            for mode in ("train", "eval"):
+                getattr(m, mode)()
+                c.close(m(data["x"].clone()), data[f"y_{mode}"], tol, f"{name}: {mode}-mode output")
 
 
 def check_optimizers(bnb, cases: dict, c: Checker) -> None:

@@ -212,12 +212,12 @@ def test_linear8bit_load_state_dict(name, quantize_first):
     assert m.bias.dtype == sd["bias"].dtype and torch.equal(m.bias, sd["bias"])
     x = data["x"]
     tol = out_tolerance(x, dequantized_int8(sd), sd["bias"], x.dtype)
-    # Ours runs LLM.int8() (activations quantized too) in both modes, as upstream does on every device
-    # in evaluation mode; upstream's CPU-only training route is checked separately below.
+    # Each mode against upstream's output in that mode: on CPU training mode is the float route
+    # (MatMul8bitFp), evaluation mode LLM.int8(), in both packages.
     for mode in ("train", "eval"):
         getattr(m, mode)()
         with torch.no_grad():
-            assert_close_outputs(m(x.clone()), data["y_eval"], tol)
+            assert_close_outputs(m(x.clone()), data[f"y_{mode}"], tol)
     ours = m.state_dict()
     assert list(ours) == list(sd)
     assert all(identical(ours[k], v) for k, v in sd.items())
@@ -225,8 +225,9 @@ def test_linear8bit_load_state_dict(name, quantize_first):
 
 @pytest.mark.parametrize("name", module_cases("Linear8bitLt"))
 def test_upstream_cpu_training_route_is_a_float_matmul(name):
-    """The fact behind not reproducing it: in training mode on CPU upstream multiplies the unquantized
-    activations by the dequantized weight (MatMul8bitFp), unlike its int8 route on other devices."""
+    """The fact our routing follows, read off upstream's own outputs: in training mode on CPU upstream
+    multiplies the unquantized activations by the dequantized weight (MatMul8bitFp), and its
+    evaluation-mode output (LLM.int8()) differs from that."""
     _, data = case(name)
     sd, x = data["state_dict"], data["x"]
     w = dequantized_int8(sd)

@@ -1,8 +1,9 @@
-"""Linear8bitLt and OutlierAwareLinear: forward, train/eval consistency, checkpoints, bad input.
+"""Linear8bitLt and OutlierAwareLinear: forward in each mode, checkpoints, bad input.
 
-The reference for outputs is the functional int8 pipeline (bit-exact) and the dense layer (with a
-stated tolerance). The checkpoint layout is upstream 0.50's: ``weight`` int8, ``SCB`` float32 per row,
-``weight_format`` uint8 scalar 0, plus ``bias``.
+The references for outputs, bit-exact: on CPU in evaluation mode the functional LLM.int8() pipeline;
+in training mode, as upstream 0.50, the float route (the input times the dequantized int8 weight in
+the input's dtype). And the dense layer, with a stated tolerance. The checkpoint layout is upstream
+0.50's: ``weight`` int8, ``SCB`` float32 per row, ``weight_format`` uint8 scalar 0, plus ``bias``.
 """
 
 import copy
@@ -37,10 +38,29 @@ def quantized(threshold=0.0, seed=0):
 
 
 def expected(lin, x):
+    """LLM.int8() (evaluation mode on CPU), without outlier columns."""
     CA, SCA, _ = F.int8_vectorwise_quant(x.reshape(-1, IN).half())
     CB, SCB, _ = F.int8_vectorwise_quant(lin.weight.detach().half())
     out = ops.int8_scaled_mm(CA, CB, SCA, SCB, bias=lin.bias.detach().to(x.dtype), dtype=x.dtype)
     return out.reshape(*x.shape[:-1], OUT)
+
+
+def expected_float(lin, x):
+    """The float route (training mode on CPU): x times the dequantized int8 weight, in x's dtype."""
+    CB, SCB, _ = F.int8_vectorwise_quant(lin.weight.detach().half())
+    w = (CB.float() * (SCB.unsqueeze(1) * (1 / 127))).to(x.dtype)
+    return torch.nn.functional.linear(x, w, lin.bias.detach().to(x.dtype))
+
+
+def assert_each_mode(m, lin, x):
+    """Training mode gives the float route's result, evaluation mode LLM.int8()'s; the mode is kept."""
+    was_training = m.training
+    with torch.no_grad():
+        m.train()
+        assert torch.equal(m(x), expected_float(lin, x))
+        m.eval()
+        assert torch.equal(m(x), expected(lin, x))
+    m.train(was_training)
 
 
 def test_positional_constructor_like_upstream():
@@ -51,23 +71,25 @@ def test_positional_constructor_like_upstream():
     assert Linear8bitLt(IN, OUT).weight.requires_grad  # has_fp16_weights=True by default
 
 
+@pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_forward_matches_functional_and_dense(dtype):
+def test_forward_matches_functional_and_dense(dtype, mode):
     lin = dense()
     m = quantized()
     assert m.weight.dtype == torch.int8
+    getattr(m, mode)()
     x = inputs(2, 3, IN, dtype=dtype)
     y = m(x)
-    assert y.dtype == dtype and torch.equal(y, expected(lin, x))
+    assert y.dtype == dtype and torch.equal(y, (expected_float if mode == "train" else expected)(lin, x))
     ref = lin(x.float())
     assert ((y.float() - ref).norm() / ref.norm()) < 0.02
 
 
-def test_threshold_outliers_in_floating_point():
+def test_threshold_outliers_in_floating_point_in_eval_mode():
     lin = dense()
     x = inputs(4, IN)
     x[:, 7] = 25.0
-    with_outliers, without = quantized(threshold=6.0), quantized()
+    with_outliers, without = quantized(threshold=6.0).eval(), quantized().eval()
     ref = lin(x)
     err_with = ((with_outliers(x) - ref).norm() / ref.norm()).item()
     err_without = ((without(x) - ref).norm() / ref.norm()).item()
@@ -75,22 +97,43 @@ def test_threshold_outliers_in_floating_point():
     assert err_with < 0.01 < err_without
 
 
+def test_threshold_plays_no_part_in_training_mode_on_cpu():
+    # Upstream's MatMul8bitFp quantizes no activation, so nothing is an outlier and state.idx stays unset.
+    lin = dense()
+    x = inputs(4, IN)
+    x[:, 7] = 25.0
+    with_threshold, without = quantized(threshold=6.0), quantized()
+    y = with_threshold(x)
+    assert torch.equal(y, without(x)) and torch.equal(y, expected_float(lin, x))
+    assert with_threshold.state.idx is None
+    ref = lin(x)
+    assert ((y - ref).norm() / ref.norm()).item() < 0.01
+
+
 @pytest.mark.parametrize("has_fp16_weights", [False, True])
 @pytest.mark.parametrize("threshold", [0.0, 6.0])
-def test_same_result_in_train_and_eval_and_after_either(has_fp16_weights, threshold):
+def test_each_mode_keeps_its_route_across_switches(has_fp16_weights, threshold):
+    # Training mode on CPU is the float route, evaluation mode LLM.int8() (upstream 0.50's routing):
+    # switching back and forth, with or without autograd recording, gives each mode its own result.
+    lin = dense()
     m = Linear8bitLt(IN, OUT, has_fp16_weights=has_fp16_weights, threshold=threshold)
-    m.load_state_dict(dense().state_dict())
+    m.load_state_dict(lin.state_dict())
     m = m.to("cpu")
     x = inputs(5, IN)
-    x[:, 2] = 9.0
-    results = []
+    x[:, 2] = 9.0  # an outlier column for threshold 6
+    results = {"train": [], "eval": []}
     for mode in ("train", "eval", "train", "eval"):
         getattr(m, mode)()
         with torch.no_grad():
-            results.append(m(x))
-        results.append(m(x).detach())  # with autograd recording as well
-    for r in results[1:]:
-        assert torch.equal(r, results[0])
+            results[mode].append(m(x))
+        results[mode].append(m(x).detach())
+    for r in results["train"]:
+        assert torch.equal(r, expected_float(lin, x))
+    for r in results["eval"]:
+        assert torch.equal(r, results["eval"][0])
+    if threshold == 0.0:
+        assert torch.equal(results["eval"][0], expected(lin, x))
+    assert not torch.equal(results["train"][0], results["eval"][0])
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])
@@ -158,8 +201,7 @@ def test_float_checkpoint_into_quantized_module_requantizes():
     lin = dense(seed=5)
     m.load_state_dict(lin.state_dict())
     assert m.weight.dtype == torch.int8
-    x = inputs(3, IN)
-    assert torch.equal(m(x), expected(lin, x))
+    assert_each_mode(m, lin, inputs(3, IN))
 
 
 def test_meta_build_then_client_rebuild_and_to():
@@ -172,8 +214,7 @@ def test_meta_build_then_client_rebuild_and_to():
     kwargs.pop("SCB", None)
     m.weight = Int8Params(lin.weight.detach().clone(), requires_grad=False, **kwargs).to("cpu")
     m.bias = torch.nn.Parameter(lin.bias.detach().clone())
-    x = inputs(3, IN)
-    assert torch.equal(m(x), expected(lin, x))
+    assert_each_mode(m, lin, inputs(3, IN))
 
 
 def test_forward_before_any_move_quantizes_in_place():
@@ -181,8 +222,9 @@ def test_forward_before_any_move_quantizes_in_place():
     m = Linear8bitLt(IN, OUT, has_fp16_weights=False)
     m.load_state_dict(lin.state_dict())
     x = inputs(2, IN)
-    assert torch.equal(m(x), expected(lin, x))
+    assert torch.equal(m(x), expected_float(lin, x))  # training mode, the module's default
     assert m.weight.dtype == torch.int8 and "SCB" in m.state_dict()
+    assert_each_mode(m, lin, x)
 
 
 def test_has_fp16_weights_trains_and_sees_updates():

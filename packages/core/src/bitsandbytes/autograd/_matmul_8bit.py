@@ -2,9 +2,14 @@
 
 ``matmul(A, B)`` computes ``A @ B.T (+ bias)`` where ``B`` is a weight ``[N, K]``: either floating point
 (quantized per row on the fly, ``has_fp16_weights=True``) or already int8 codes held in
-``state.CB``/``state.SCB``. Activations are quantized per row to int8 (from float16, as upstream);
-with ``threshold > 0`` the activation columns holding a value of magnitude ``>= threshold`` are
-multiplied in floating point instead (outlier decomposition).
+``state.CB``/``state.SCB``. Two routes, chosen as upstream 0.50 chooses them (``_uses_float_route``):
+
+- LLM.int8() (``MatMul8bitLt``): activations quantized per row to int8 (from float16, as upstream);
+  with ``threshold > 0`` the activation columns holding a value of magnitude ``>= threshold`` are
+  multiplied in floating point instead (outlier decomposition). Evaluation mode everywhere, and
+  training mode on every device type but CPU and XPU.
+- Float (``MatMul8bitFp``): the unquantized activations times the dequantized int8 weight, in A's
+  dtype; no threshold, no outliers. Training mode (``state.is_training``) on CPU and XPU.
 """
 
 from __future__ import annotations
@@ -149,6 +154,11 @@ def _check_inputs(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, s
     return transposed
 
 
+def _dequantized(CB: torch.Tensor, SCB: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``CB * SCB / 127`` rounded to ``dtype`` (the scale product in float32, as upstream)."""
+    return CB.to(dtype, copy=True).mul_(SCB.unsqueeze(1).mul(_INV127))
+
+
 class MatMul8bitLt(torch.autograd.Function):
     """``A @ B.T + bias`` with int8 activations and weights (LLM.int8()); gradients for A, B and bias.
 
@@ -209,8 +219,7 @@ class MatMul8bitLt(torch.autograd.Function):
         if need_bias:
             grad_bias = g.sum(0, dtype=ctx.dtype_bias)
         if need_A:
-            W = CB.to(ctx.dtype_A).mul_(SCB.unsqueeze(1).mul(_INV127))
-            grad_A = (g.to(ctx.dtype_A) @ W).reshape(ctx.shape_A)
+            grad_A = (g.to(ctx.dtype_A) @ _dequantized(CB, SCB, ctx.dtype_A)).reshape(ctx.shape_A)
         if need_B:
             _, Cg_col, _, Sg_col, _ = F.int8_double_quant(g.to(torch.float16))
             gB = torch.ops.bitsandbytes.int8_scaled_mm.default(
@@ -227,33 +236,54 @@ class MatMul8bitLt(torch.autograd.Function):
 class MatMul8bitFp(torch.autograd.Function):
     """``A @ dequant(B).T + bias`` in A's dtype: the weight quantized to int8, the activations not.
 
-    Upstream uses it for training on CPU/XPU; ``matmul`` here always takes MatMul8bitLt so that a
-    module computes the same thing in train and eval mode. Exact dense gradients for A and B.
+    ``matmul`` takes it in training mode on CPU and XPU, as upstream. ``threshold`` plays no part (no
+    activation is quantized, so none is an outlier) and ``state.idx`` is left as it is. Gradients:
+    A's is ``grad @ dequant(B)``, B's (a trainable floating-point weight) the dense ``grad.T @ A``,
+    the bias's the sum of ``grad`` over rows in the bias's dtype.
     """
 
     @staticmethod
     def forward(ctx, A, B, out=None, bias=None, state=None):
         state = state or MatmulLtState()
+        ctx.B_transposed = _frozen_codes(state) is not None and tuple(B.shape) != tuple(state.CB.shape)
         CB, SCB = _weight_codes(B, state)
-        W = CB.to(A.dtype).mul_(SCB.unsqueeze(1).mul(_INV127))
         ctx.shape_A, ctx.dtype_A, ctx.dtype_B = A.shape, A.dtype, B.dtype
         ctx.dtype_bias = None if bias is None else bias.dtype
-        ctx.save_for_backward(A if ctx.needs_input_grad[1] else None, W if ctx.needs_input_grad[0] else None)
+        # The int8 codes, not the dequantized weight: a quarter (fp32: an eighth) of the memory kept
+        # for backward, which recomputes the weight as upstream does.
+        ctx.save_for_backward(A if ctx.needs_input_grad[1] else None, CB, SCB)
+        W = _dequantized(CB, SCB, A.dtype)
         return torch.nn.functional.linear(A, W, None if bias is None else bias.to(A.dtype))
 
     @staticmethod
     def backward(ctx, grad_output):
         need_A, need_B, _, need_bias, _ = ctx.needs_input_grad
-        A, W = ctx.saved_tensors
+        A, CB, SCB = ctx.saved_tensors
         g = grad_output.reshape(-1, grad_output.shape[-1])
         grad_A = grad_B = grad_bias = None
         if need_bias:
             grad_bias = g.sum(0, dtype=ctx.dtype_bias)
         if need_A:
-            grad_A = (g.to(ctx.dtype_A) @ W).reshape(ctx.shape_A)
+            grad_A = (g.to(ctx.dtype_A) @ _dequantized(CB, SCB, ctx.dtype_A)).reshape(ctx.shape_A)
         if need_B:
             grad_B = (g.t() @ A.reshape(-1, A.shape[-1]).to(g.dtype)).to(ctx.dtype_B)
+            if ctx.B_transposed:
+                grad_B = grad_B.t()
         return grad_A, grad_B, None, grad_bias, None
+
+
+# Upstream 0.50 computes training-mode products on these device types with MatMul8bitFp (its
+# reason: no fast int8 kernels there, and LLM.int8()'s backward is the slow part of fine-tuning).
+# We follow it for drop-in behaviour: a CPU/XPU training step gives upstream's numbers (its accuracy
+# tests run modules in their default training mode on CPU and hold to bounds LLM.int8() cannot
+# meet). The cost is that a module in training mode there no longer computes what it computes in
+# evaluation mode; see docs/pages/compat.md.
+_FLOAT_TRAINING_DEVICE_TYPES = ("cpu", "xpu")
+
+
+def _uses_float_route(state: MatmulLtState, device_type: str) -> bool:
+    """Whether ``matmul`` takes MatMul8bitFp (True) or LLM.int8() MatMul8bitLt for this state and device."""
+    return bool(state.is_training) and device_type in _FLOAT_TRAINING_DEVICE_TYPES
 
 
 def matmul(
@@ -264,7 +294,7 @@ def matmul(
     threshold=0.0,
     bias: torch.Tensor | None = None,
 ):
-    """LLM.int8() ``A @ B.T + bias`` with autograd (see the module docstring).
+    """``A @ B.T + bias`` with an int8 weight, with autograd (routes: see the module docstring).
 
     Args:
         A: activations ``[..., K]``, float16/bfloat16/float32; the result has A's dtype.
@@ -272,15 +302,19 @@ def matmul(
             ``state`` holds a frozen weight (``CB`` and ``SCB`` set, ``has_fp16_weights=False``), that
             weight is used and ``B`` may be ``CB`` or its ``[K, N]`` transpose, as upstream.
         out: optional tensor the result is copied into (and returned).
-        state: a MatmulLtState kept across calls (a fresh one when None).
+        state: a MatmulLtState kept across calls (a fresh one when None, whose ``is_training`` is
+            True: on CPU/XPU that is the float route, as upstream). Linear8bitLt sets
+            ``state.is_training`` from its ``training`` flag on each forward.
         threshold: outlier threshold; when > 0 it is stored into ``state``.
-        bias: optional ``[N]`` of any floating dtype, added in float32 before rounding to A's dtype.
+        bias: optional ``[N]`` of any floating dtype: LLM.int8() adds it in float32 before rounding to
+            A's dtype, the float route in A's dtype.
     """
     state = state or MatmulLtState()
     if threshold > 0.0:
         state.threshold = threshold
     _check_inputs(A, B, bias, state)
-    result = MatMul8bitLt.apply(A, B, None, bias, state)
+    route = MatMul8bitFp if _uses_float_route(state, A.device.type) else MatMul8bitLt
+    result = route.apply(A, B, None, bias, state)
     if out is not None:
         return out.copy_(result)
     return result
