@@ -142,18 +142,26 @@ def test_linear4bit_compiled_gradients_equal_eager(net4bit, batch, mode):
     assert_compiled_matches_eager(net4bit, inputs_4bit(batch), mode=mode, fullgraph=True, grads=True)
 
 
+# On CPU, as upstream, training mode is the float route (MatMul8bitFp) and evaluation mode LLM.int8().
+ROUTES_8BIT = ["train", "eval"]
+
+
 @pytest.mark.parametrize("fullgraph", [True, False], ids=["fullgraph", "breaks-allowed"])
 @pytest.mark.parametrize("mode", MODES)
-def test_linear8bitlt_compiled_equals_eager(net8bit, mode, fullgraph):
+@pytest.mark.parametrize("module_mode", ROUTES_8BIT)
+def test_linear8bitlt_compiled_equals_eager(net8bit, module_mode, mode, fullgraph):
     # The outlier columns (threshold > 0) have a data-dependent count: without fullgraph dynamo splits the
     # graph there unless torch._dynamo.config.capture_dynamic_output_shape_ops is set; fullgraph captures it.
     may_break_at = None if fullgraph else "bitsandbytes.int8_vectorwise_quant"
+    net8bit.train(module_mode == "train")
     xs = inputs_8bit(16)
     assert_compiled_matches_eager(net8bit, xs, mode=mode, fullgraph=fullgraph, grads=False, may_break_at=may_break_at)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_linear8bitlt_compiled_gradients_equal_eager(net8bit, mode):
+@pytest.mark.parametrize("module_mode", ROUTES_8BIT)
+def test_linear8bitlt_compiled_gradients_equal_eager(net8bit, module_mode, mode):
+    net8bit.train(module_mode == "train")
     assert_compiled_matches_eager(net8bit, inputs_8bit(16), mode=mode, fullgraph=True, grads=True)
 
 

@@ -19,24 +19,27 @@ def randn(*shape, seed=0, dtype=torch.float32):
 
 
 # --- bnb.matmul with a frozen int8 weight in the state (upstream tests/test_autograd.py test_matmullt)
+# Both of upstream's CPU routes: a training state (the default) takes MatMul8bitFp, an evaluation one LLM.int8().
+TRAINING = pytest.mark.parametrize("training", [True, False], ids=["float-route", "int8-route"])
 
 
-def frozen_state(W, threshold):
+def frozen_state(W, threshold, training=True):
     CB, SCB, _ = F.int8_vectorwise_quant(W.half())
-    return MatmulLtState(has_fp16_weights=False, CB=CB, SCB=SCB, threshold=threshold)
+    return MatmulLtState(has_fp16_weights=False, CB=CB, SCB=SCB, threshold=threshold, is_training=training)
 
 
+@TRAINING
 @pytest.mark.parametrize("threshold", [0.0, 6.0])
 @pytest.mark.parametrize("has_bias", [False, True], ids=["no-bias", "bias"])
 @pytest.mark.parametrize("rows", [0, 40], ids=["empty", "rows"])
-def test_matmul_takes_the_weight_from_state_cb(threshold, has_bias, rows):
+def test_matmul_takes_the_weight_from_state_cb(threshold, has_bias, rows, training):
     K, N = 32, 48
     A, W = randn(rows, K, dtype=torch.float16), randn(N, K, seed=1)
     if rows:
         A[:, [3, 9]] = 7.0  # outlier columns for threshold 6
     bias = randn(N, seed=2, dtype=torch.float16) if has_bias else None
-    state = frozen_state(W, threshold)
-    as_rows = bnb.matmul(A, state.CB, state=frozen_state(W, threshold), bias=bias)
+    state = frozen_state(W, threshold, training)
+    as_rows = bnb.matmul(A, state.CB, state=frozen_state(W, threshold, training), bias=bias)
     # Upstream's test passes the [K, N] view CB.t() here; the weight still comes from state.CB.
     as_view = bnb.matmul(A, state.CB.t(), state=state, bias=bias)
     assert as_view.shape == (rows, N) and as_view.dtype == A.dtype
@@ -46,16 +49,18 @@ def test_matmul_takes_the_weight_from_state_cb(threshold, has_bias, rows):
         assert ((as_view.double() - dense).norm() / dense.norm()).item() < 0.02
 
 
-def test_matmul_state_cb_view_gives_the_input_gradient():
+@TRAINING
+def test_matmul_state_cb_view_gives_the_input_gradient(training):
     A, W = randn(6, 32, dtype=torch.float16).requires_grad_(), randn(48, 32, seed=1)
-    state = frozen_state(W, 0.0)
+    state = frozen_state(W, 0.0, training)
     bnb.matmul(A, state.CB.t(), state=state).float().sum().backward()
     weight = state.CB.to(torch.float16) * (state.SCB.unsqueeze(1) / 127).to(torch.float16)
     torch.testing.assert_close(A.grad, torch.ones(6, 48, dtype=torch.float16) @ weight, rtol=2e-3, atol=2e-3)
 
 
-def test_matmul_state_cb_refuses_a_b_of_another_shape():
-    state = frozen_state(randn(48, 32), 0.0)
+@TRAINING
+def test_matmul_state_cb_refuses_a_b_of_another_shape(training):
+    state = frozen_state(randn(48, 32), 0.0, training)
     with pytest.raises(ValueError, match=r"B must be state\.CB's shape \(48, 32\) or its transpose"):
         bnb.matmul(randn(4, 32), torch.zeros(32, 47, dtype=torch.int8), state=state)
     with pytest.raises(ValueError, match=r"A's last dimension must equal state\.CB\.shape\[1\] \(32\)"):

@@ -66,7 +66,8 @@ def test_linear8bitlt_on_mps_is_the_cpu_result(batch):
     x[:, 3] *= 20  # an outlier column
     outs = []
     for device in ("cpu", "mps"):
-        m = _module(bnb.nn.Linear8bitLt, device, has_fp16_weights=False, threshold=6.0).half()
+        # Evaluation mode: LLM.int8() on both (in training mode CPU takes upstream's float route).
+        m = _module(bnb.nn.Linear8bitLt, device, has_fp16_weights=False, threshold=6.0).half().eval()
         outs.append(m(x.to(device)).float().cpu())
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-2, atol=1e-2)
 

@@ -149,7 +149,8 @@ def test_merge_and_unload(trained):
 
 
 def test_lora_on_the_8bit_model_trains_and_merges(checkpoint):
-    """The LLM.int8() variant: PEFT's Linear8bitLt LoRA layer, backward through the int8 matmul."""
+    """The LLM.int8() variant: PEFT's Linear8bitLt LoRA layer, backward through bnb.matmul (in training mode
+    on CPU, as upstream, the float route over the frozen int8 weight)."""
     torch.manual_seed(0)
     model = peft.prepare_model_for_kbit_training(load_quantized(checkpoint, "int8"))
     eightbit = {n: m for n, m in model.named_modules() if type(m) is bnb.nn.Linear8bitLt}

@@ -17,14 +17,16 @@ __all__ = ["Linear8bitLt", "OutlierAwareLinear"]
 
 
 class Linear8bitLt(Int8WeightIO, nn.Linear):
-    """Linear layer computed with LLM.int8(): int8 weights and activations, int32 accumulation.
+    """Linear layer with an int8 weight: LLM.int8() (int8 activations too, int32 accumulation), or in
+    training mode on CPU/XPU, as upstream, the input times the dequantized weight.
 
     With ``has_fp16_weights=False`` the weight is quantized once, on the first move to a device (or the
     first forward), and is not trainable. With ``has_fp16_weights=True`` it stays floating point and
     trainable and is quantized for each forward in which it changed. ``threshold > 0`` computes the
     activation columns holding a value of magnitude ``>= threshold`` in floating point.
 
-    The result is the same in train and eval mode. ``state_dict()`` holds ``weight`` (int8),
+    The route follows ``self.training`` (see ``bitsandbytes.matmul``), so on CPU/XPU train and eval mode
+    give different results, as upstream's do. ``state_dict()`` holds ``weight`` (int8),
     ``SCB`` (float32 row scales) and ``weight_format`` (uint8 0 = row-major) once quantized, and
     loads into a module in any state, a freshly built one included.
     """
@@ -88,7 +90,7 @@ class Linear8bitLt(Int8WeightIO, nn.Linear):
             raise TypeError(f"x must be a floating-point tensor; got {getattr(x, 'dtype', type(x).__name__)}")
         if x.device != self.weight.device:
             raise ValueError(f"x must be on the weight's device ({self.weight.device}); got {x.device}")
-        self.state.is_training = self.training
+        self.state.is_training = self.training  # picks matmul's route, as upstream
         self._sync_state()
         # Cast a copy: the module (and so its state_dict) keeps the bias as it is.
         bias = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
