@@ -173,3 +173,26 @@ def test_dequantize_4bit_refuses_more_bytes_than_the_shape_needs():
         F.dequantize_4bit(W, qs)
     with pytest.raises(ValueError, match="needs exactly 512"):
         F.dequantize_4bit(torch.cat([q, q[:1]]), qs)
+
+
+@pytest.mark.parametrize("op", ["gemv_4bit", "gemm_4bit"])
+def test_4bit_matmuls_refuse_more_bytes_than_shape_b_needs(op):
+    # Upstream's default kernels dequantize every byte and keep the first N * K values, so a larger B
+    # (the float weight itself, another layer's codes) multiplies as garbage; ours refuses, as dequantize_4bit.
+    W = randn(16, 64)
+    q, qs = F.quantize_4bit(W, blocksize=64)
+
+    def run(B):
+        if op == "gemv_4bit":
+            return torch.ops.bitsandbytes.gemv_4bit(randn(1, 64, seed=3), B, [16, 64], qs.absmax, qs.code, 64)
+        return torch.ops.bitsandbytes.gemm_4bit(randn(2, 64, seed=3), B, [16, 64], qs.absmax, 64, qs.quant_type)
+
+    assert torch.equal(run(q), run(q.t()))  # the packed weight and its [1, bytes] view: 512 bytes each
+    with pytest.raises(
+        ValueError, match=r"\bB holds 4096 bytes of packed 4-bit codes; shapeB \[16, 64\] needs exactly 512"
+    ):
+        run(W)
+    with pytest.raises(ValueError, match=r"\bB holds 513 bytes .* needs exactly 512"):
+        run(torch.cat([q, q[:1]]))
+    with pytest.raises(ValueError, match=r"\bB holds 511 bytes .* needs exactly 512"):
+        run(q[:-1])

@@ -200,8 +200,12 @@ def _check_4bit_matmul_operands(A: torch.Tensor, B: torch.Tensor, shapeB: Sequen
     if A.dim() == 0 or A.shape[-1] != K:
         raise ValueError(f"A's last dimension must equal K={K} (shapeB[1]); got A of shape {tuple(A.shape)}")
     have = B.numel() * B.element_size()
-    if have < c.packed_4bit_bytes(N * K):
-        raise ValueError(f"B holds {have} bytes, fewer than the {c.packed_4bit_bytes(N * K)} that shapeB needs")
+    need = c.packed_4bit_bytes(N * K)
+    if have != need:
+        # As dequantize_4bit: more bytes than shapeB needs is as wrong as fewer (the float weight itself,
+        # or another layer's codes, passed as B would otherwise multiply as garbage). The packed weight
+        # and its [1, bytes] transpose hold exactly this many; FSDP hands over unpadded parameters.
+        raise ValueError(f"B holds {have} bytes of packed 4-bit codes; shapeB {[N, K]} needs exactly {need}")
     return N, K
 
 

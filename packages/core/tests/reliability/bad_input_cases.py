@@ -504,6 +504,9 @@ case("op gemv_4bit", "absmax too short", Raises(ValueError, "absmax"))(lambda: _
 case("op gemv_4bit", "code wrong length", Raises(ValueError, "code"))(lambda: _gemv(code=torch.ones(5)))
 case("op gemv_4bit", "blocksize 7", Raises(ValueError, "blocksize"))(lambda: _gemv(blocksize=7))
 case("op gemv_4bit", "B shorter than shapeB", Raises(ValueError, r"\bB\b"))(lambda: _gemv(B=_q4(shape=(16, 64))[0][:5]))
+case("op gemv_4bit", "B longer than shapeB", Raises(ValueError, r"\bB holds 513 bytes.*exactly 512"))(
+    lambda: _gemv(B=torch.cat([_q4(shape=(16, 64))[0], _q4(shape=(16, 64))[0][:1]]))
+)
 case("gemv_4bit", "quant_state missing", Raises((TypeError, ValueError), "state"))(
     lambda: F.gemv_4bit(_x(1, 64), _q4()[0], state=None)
 )
@@ -521,6 +524,9 @@ case("op gemm_4bit", "A float64", Raises(TypeError, r"\bA\b"))(lambda: _gemm(A=_
 case("op gemm_4bit", "quant_type bad", Raises(ValueError, "quant_type"))(lambda: _gemm(quant_type="nf5"))
 case("op gemm_4bit", "bias wrong length", Raises(ValueError, "bias"))(lambda: _gemm(bias=torch.ones(3)))
 case("op gemm_4bit", "absmax too long", Raises(ValueError, "absmax"))(lambda: _gemm(absmax=torch.ones(99)))
+case("op gemm_4bit", "B the float weight, not its codes", Raises(ValueError, r"\bB holds 4096 bytes.*exactly 512"))(
+    lambda: _gemm(B=_x(16, 64))
+)
 
 # ---- int8 -------------------------------------------------------------------------------------------
 case("int8_vectorwise_quant", "int dtype", Raises(TypeError, r"\bA\b"))(
