@@ -273,11 +273,11 @@ class MatMul8bitFp(torch.autograd.Function):
 
 
 # Upstream 0.50 computes training-mode products on these device types with MatMul8bitFp (its
-# reason: no fast int8 kernels there, and LLM.int8()'s backward is the slow part of fine-tuning).
-# We follow it for drop-in behaviour: a CPU/XPU training step gives upstream's numbers (its accuracy
+# reason: without fast int8 quantization kernels there, LLM.int8() makes fine-tuning slow). We
+# follow it for drop-in behaviour: a CPU/XPU training step gives upstream's numbers (its accuracy
 # tests run modules in their default training mode on CPU and hold to bounds LLM.int8() cannot
 # meet). The cost is that a module in training mode there no longer computes what it computes in
-# evaluation mode; see docs/pages/compat.md.
+# evaluation mode; see docs/pages/api/nn8bit.md.
 _FLOAT_TRAINING_DEVICE_TYPES = ("cpu", "xpu")
 
 
