@@ -92,7 +92,7 @@ def _native_library():
 backend = Backend(
     "cuda",
     ["cuda"],
-    api_version="1.0",
+    api_version="1.1",
     load=_load,
     is_available=_is_available,
     diagnostics=_diagnostics,

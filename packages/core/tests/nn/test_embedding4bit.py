@@ -1,5 +1,7 @@
 """Embedding4bit / EmbeddingNF4 / EmbeddingFP4: lookups against the dequantized table, save and load."""
 
+import logging
+
 import pytest
 import torch
 
@@ -50,9 +52,19 @@ def test_lookup_dequantizes_the_picked_rows(quant_type, storage, dim):
     assert (full - table(dim)).abs().max() < 0.2 * table(dim).abs().max()
 
 
-def test_dim_not_a_multiple_of_the_block_warns_and_dequantizes_the_table():
-    with pytest.warns(UserWarning, match="not divisible by block size"):
+def test_dim_not_a_multiple_of_the_block_warns_and_dequantizes_the_table(caplog, recwarn):
+    # Upstream 0.50 logs this through its module logger (no warnings.warn), with this wording.
+    with caplog.at_level(logging.WARNING, logger="bitsandbytes.nn.modules"):
         e = Embedding4bit(N, 40, quant_type="fp4")
+    [record] = [r for r in caplog.records if r.name == "bitsandbytes.nn.modules"]
+    assert record.getMessage() == (
+        "Embedding size 40 is not divisible by block size 64. This will lead to slow inference."
+    )
+    assert not [w for w in recwarn if "divisible" in str(w.message)]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bitsandbytes.nn.modules"):
+        Embedding4bit(N, 128, quant_type="fp4")
+    assert not caplog.records
     e.load_state_dict({"weight": table(40)})
     e = e.to("cpu")
     i = idx(7)

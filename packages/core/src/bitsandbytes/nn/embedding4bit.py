@@ -7,7 +7,7 @@ state_dict layout as Linear4bit.
 
 from __future__ import annotations
 
-import warnings
+import logging
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from .. import functional as F
 from .._functional.quant import _nested_absmax
 from ._state_dict4bit import load_4bit_weight, save_4bit_weight
 from .params4bit import Keeps4bitWeightState, Params4bit, packed_weight_and_state
+
+# Upstream's module path and wording: users filter bitsandbytes' module messages by this logger and text.
+logger = logging.getLogger("bitsandbytes.nn.modules")
 
 
 class Embedding4bit(Keeps4bitWeightState, nn.Embedding):
@@ -50,11 +53,10 @@ class Embedding4bit(Keeps4bitWeightState, nn.Embedding):
         self.quant_state = None
         self.quant_storage = quant_storage
         if embedding_dim % self.weight.blocksize != 0:
-            warnings.warn(
-                f"Embedding size {embedding_dim} is not divisible by block size {self.weight.blocksize}: "
-                "every lookup will dequantize the whole table (slow).",
-                UserWarning,
-                stacklevel=2,
+            # A row then straddles blocks, so every lookup dequantizes the whole table.
+            logger.warning(
+                f"Embedding size {embedding_dim} is not divisible by block size {self.weight.blocksize}. "
+                "This will lead to slow inference."
             )
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
