@@ -66,8 +66,8 @@ int gemv_4bit(Launcher vec, Launcher any, int m, int k, const T* A, const unsign
   // The vec path's 8-weight chunks start at multiples of 8 and must not straddle a block.
   const bool use_vec = k % kGemvChunk == 0 && blocksize >= kGemvChunk && aligned(A, 16) && aligned(B, 4);
   const unsigned grid = (static_cast<unsigned>(m) + kGemvFeatures - 1) / kGemvFeatures;
-  return (use_vec ? vec : any)(grid, 1, 1, kGemvWarps * 32, 1, 1, 0, stream, A, B, absmax, code, nullptr, out, 1, m,
-                               k, blocksize);
+  return (use_vec ? vec : any)(grid, 1, 1, kGemvWarps * 32, 1, 1, 0, stream, A, B, absmax, code, nullptr, out, 1, m, k,
+                               blocksize);
 }
 
 }  // namespace
@@ -97,8 +97,8 @@ BNB_EXPORT int cdequantize_blockwise_fp32_nf4(float* code, unsigned char* A, flo
   return dequantize_4bit(bnb_cuda_dequantize_4bit_nf4_f32, A, absmax, out, blocksize, n, stream);
 }
 
-BNB_EXPORT int cdequantize_blockwise_fp16_nf4(float* code, unsigned char* A, float* absmax, __half* out,
-                                              int blocksize, const int n, cudaStream_t stream) {
+BNB_EXPORT int cdequantize_blockwise_fp16_nf4(float* code, unsigned char* A, float* absmax, __half* out, int blocksize,
+                                              const int n, cudaStream_t stream) {
   (void)code;
   return dequantize_4bit(bnb_cuda_dequantize_4bit_nf4_f16, A, absmax, out, blocksize, n, stream);
 }
@@ -115,8 +115,8 @@ BNB_EXPORT int cdequantize_blockwise_fp32_fp4(float* code, unsigned char* A, flo
   return dequantize_4bit(bnb_cuda_dequantize_4bit_fp4_f32, A, absmax, out, blocksize, n, stream);
 }
 
-BNB_EXPORT int cdequantize_blockwise_fp16_fp4(float* code, unsigned char* A, float* absmax, __half* out,
-                                              int blocksize, const int n, cudaStream_t stream) {
+BNB_EXPORT int cdequantize_blockwise_fp16_fp4(float* code, unsigned char* A, float* absmax, __half* out, int blocksize,
+                                              const int n, cudaStream_t stream) {
   (void)code;
   return dequantize_4bit(bnb_cuda_dequantize_4bit_fp4_f16, A, absmax, out, blocksize, n, stream);
 }
@@ -136,9 +136,9 @@ BNB_EXPORT int cgemm_4bit_inference_naive_fp16(int m, int n, int k, __half* A, u
                    blocksize, stream);
 }
 
-BNB_EXPORT int cgemm_4bit_inference_naive_bf16(int m, int n, int k, __nv_bfloat16* A, unsigned char* B,
-                                               float* absmax, float* datatype, __nv_bfloat16* out, int lda, int ldb,
-                                               int ldc, int blocksize, cudaStream_t stream) {
+BNB_EXPORT int cgemm_4bit_inference_naive_bf16(int m, int n, int k, __nv_bfloat16* A, unsigned char* B, float* absmax,
+                                               float* datatype, __nv_bfloat16* out, int lda, int ldb, int ldc,
+                                               int blocksize, cudaStream_t stream) {
   (void)n, (void)lda, (void)ldc;
   return gemv_4bit(bnb_cuda_gemv_4bit_bf16_vec, bnb_cuda_gemv_4bit_bf16_any, m, k, A, B, absmax, datatype, out, ldb,
                    blocksize, stream);

@@ -12,8 +12,6 @@ a sum over rows that Inductor may reorder, gets a float32-rounding tolerance.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -224,8 +222,7 @@ def test_slow_path_message_is_left_to_eager_calls(caplog):
 def test_embedding4bit_compiles_whole(dim):
     torch.compiler.reset()
     counters.clear()
-    with pytest.warns(UserWarning, match="not divisible") if dim % 64 else contextlib.nullcontext():
-        m = bnb.nn.Embedding4bit(50, dim, quant_type="nf4").to("cpu")
+    m = bnb.nn.Embedding4bit(50, dim, quant_type="nf4").to("cpu")  # 96: the whole-table path
     idx = torch.tensor([[1, 5, 7], [0, 49, 3]])
     y = torch.compile(m, fullgraph=True)(idx)
     assert not counters["graph_break"]
