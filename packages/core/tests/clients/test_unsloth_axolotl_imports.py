@@ -169,28 +169,8 @@ def unsloth_fast_gemv(u: dict, X, W, quant_state, stream):
 
 
 def axolotl_dequantize(a: dict, W, quant_state, stream):
-    get_ptr = a["get_ptr"]
-    absmax, shape, dtype, blocksize = quant_state.absmax, quant_state.shape, quant_state.dtype, quant_state.blocksize
-    offset, state2 = quant_state.offset, quant_state.state2
-    out = torch.empty(shape, dtype=dtype, device=W.device)
-    out_absmax = torch.empty(absmax.numel(), dtype=torch.float32, device=W.device)
-    ptr_out_absmax = get_ptr(out_absmax)
-    a["cdequantize_blockwise_fp32"](
-        get_ptr(state2.code), get_ptr(absmax), get_ptr(state2.absmax), ptr_out_absmax,
-        ctypes.c_int(state2.blocksize), ctypes.c_int(absmax.numel()), stream,
-    )  # fmt: skip
-    out_absmax += offset
-    fx = a["cdequantize_blockwise_fp16_nf4"] if dtype == torch.float16 else a["cdequantize_blockwise_bf16_nf4"]
-    fx(
-        get_ptr(None),
-        get_ptr(W),
-        ptr_out_absmax,
-        get_ptr(out),
-        ctypes.c_int(blocksize),
-        ctypes.c_int(out.numel()),
-        stream,
-    )
-    return out.t() if W.shape[0] == 1 else out
+    # axolotl's dequantize makes the same calls, in the same order, as unsloth's; only the names it read differ.
+    return unsloth_fast_dequantize(a, W, quant_state, stream)
 
 
 def _qlora_weight(dtype, device, out_features=96, in_features=160, blocksize=64):

@@ -8,7 +8,9 @@ Values are seeded, so every call returns the same samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
 from math import prod
 
 import torch
@@ -363,3 +365,27 @@ def opcheck_failures(op: str, device: torch.device | str = "cpu") -> list[str]:
         result = torch.library.opcheck(op_overload(op), args, kwargs, test_utils=OPCHECK_UTILS, raise_exception=False)
         failures += [f"{op} sample {i}: {check}: {got}" for check, got in result.items() if got != "SUCCESS"]
     return failures
+
+
+@contextlib.contextmanager
+def served_as_cpu_kernels(kernels: dict[str, Callable]) -> Iterator[Counter]:
+    """Serve ``kernels`` (op name -> function, e.g. a GPU backend's kernels run in the emulator) as the
+    ``CPU`` kernels of their ops while the block runs, through a ``torch.library.Library`` that is
+    destroyed afterwards. Yields the calls per op, so a test can check that opcheck on CPU tensors ran
+    these kernels and not whatever else the dispatcher holds."""
+    calls: Counter = Counter()
+
+    def counted(op: str, fn: Callable) -> Callable:
+        def kernel(*args, **kwargs):
+            calls[op] += 1
+            return fn(*args, **kwargs)
+
+        return kernel
+
+    lib = torch.library.Library("bitsandbytes", "IMPL")
+    try:
+        for op, fn in kernels.items():
+            lib.impl(op, counted(op, fn), "CPU")
+        yield calls
+    finally:
+        lib._destroy()
