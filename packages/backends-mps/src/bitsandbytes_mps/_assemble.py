@@ -9,6 +9,8 @@ assembled. Imports neither torch nor bitsandbytes.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -30,6 +32,13 @@ PRELUDE = """\
 """
 EMULATOR_DEFINES = "#define BNB_HAS_BFLOAT 1\n"
 
+# Written by the build beside bitsandbytes.metallib: the digest of each assembled source the metallib was
+# compiled from. The loader binds the metallib only when every digest matches the sources installed with
+# it, since a kernel whose signature changed under an unchanged name would otherwise bind its arguments
+# in the wrong order.
+MANIFEST_NAME = "bitsandbytes.metallib.json"
+MANIFEST_FORMAT = 1
+
 
 def source_path(source: str) -> Path:
     """The file of a table's ``source`` (``"int8.metal"``)."""
@@ -47,6 +56,16 @@ def assemble(source: str, *, emulated: bool = False) -> str:
     return f'{head}#line 1 "{source}"\n{body}'
 
 
+def digest(source: str) -> str:
+    """The sha256 of ``assemble(source)``: what the metallib manifest records for it."""
+    return hashlib.sha256(assemble(source).encode("utf-8")).hexdigest()
+
+
+def manifest(names: list[str] | None = None) -> dict:
+    """The manifest of a metallib built from ``names`` (default: every source the tables name)."""
+    return {"format": MANIFEST_FORMAT, "sources": {n: digest(n) for n in (sources() if names is None else names)}}
+
+
 def sources() -> list[str]:
     """The Metal sources the tables name, in table order."""
     if __package__ in (None, ""):  # run as a script by CMake
@@ -60,11 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the assembled Metal sources (for xcrun metal).")
     parser.add_argument("--out", required=True, type=Path, help="directory for <source>.metal files")
     parser.add_argument("--list", action="store_true", help="only print the sources, one a line")
+    parser.add_argument("--manifest", type=Path, help=f"also write the metallib manifest ({MANIFEST_NAME}) here")
     args = parser.parse_args(argv)
     names = sources()
     if args.list:
         print("\n".join(names))
         return 0
+    if args.manifest is not None:
+        text = json.dumps(manifest(names), indent=1, sort_keys=True) + "\n"
+        if not args.manifest.exists() or args.manifest.read_text() != text:
+            args.manifest.parent.mkdir(parents=True, exist_ok=True)
+            args.manifest.write_text(text)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         target = args.out / name
