@@ -7,8 +7,10 @@ library, ``torch.backends.mps.is_available`` by a constant.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import warnings
 
 import pytest
 import torch
@@ -81,8 +83,11 @@ def mac(monkeypatch, tmp_path):
     library.reset()
 
 
-def _metallib_file():
+def _metallib_file(manifest: dict | None = None):
+    """A metallib file with its manifest (by default the manifest of the installed sources)."""
     library.METALLIB.write_bytes(b"MTLB fake")
+    text = json.dumps(_assemble.manifest() if manifest is None else manifest)
+    library.METALLIB.with_name(_assemble.MANIFEST_NAME).write_text(text)
 
 
 def _check_int8_ops_match_reference(dtype=torch.float16):
@@ -287,7 +292,7 @@ def test_dispatch_checks_arguments_against_the_table(emulated, change, error, me
 def test_dispatch_checks_count_and_launch_sizes(emulated):
     with pytest.raises(TypeError, match="takes 6 arguments"):
         library.dispatch("int8_vectorwise_dequant", *_dequant_args()[:5], threads=6, group_size=6)
-    with pytest.raises(ValueError, match="at most 1024"):
+    with pytest.raises(ValueError, match="declared for at most"):
         library.dispatch("int8_vectorwise_dequant", *_dequant_args(), threads=(6, 1), group_size=(64, 32))
     with pytest.raises(ValueError, match="same number of dimensions"):
         library.dispatch("int8_vectorwise_dequant", *_dequant_args(), threads=(6, 1), group_size=6)
@@ -309,3 +314,181 @@ def test_paged_state_is_plain_memory_on_unified_memory():
     t = plugin._allocate_unified((3, 4), torch.float16, torch.device("cpu"))
     assert t.shape == (3, 4) and t.dtype == torch.float16 and not t.any()
     assert plugin._prefetch_unified(t, None) is None and not t.any()
+
+
+# ------------------------------------------------------------------------- the metallib's manifest
+
+
+def _loader_that_must_not_run(path):
+    raise AssertionError("a metallib whose manifest does not match must not be loaded")
+
+
+@pytest.mark.parametrize(
+    ("manifest", "reason"),
+    [
+        ({"format": 1, "sources": {**_assemble.manifest()["sources"], SOURCES[0]: "0" * 64}},
+         f"was built from other sources than those installed ({SOURCES[0]} differ)"),
+        ({"format": 1, "sources": {}}, f"({', '.join(SOURCES)} differ)"),
+        ({"format": 99, "sources": _assemble.manifest()["sources"]}, "is not a format-1 manifest"),
+        (["not", "a", "mapping"], "is not a format-1 manifest"),
+    ],
+)  # fmt: skip
+def test_metallib_built_from_other_sources_is_never_bound(mac, monkeypatch, manifest, reason):
+    _metallib_file(manifest)
+    monkeypatch.setattr(torch.mps, "load_metallib", _loader_that_must_not_run, raising=False)
+    st = library.load()
+    assert st.path == "source"
+    assert reason in st.reasons["metallib"]
+    _check_int8_ops_match_reference()
+
+
+def test_metallib_without_a_manifest_is_never_bound(mac, monkeypatch):
+    _metallib_file()
+    library.METALLIB.with_name(_assemble.MANIFEST_NAME).unlink()
+    monkeypatch.setattr(torch.mps, "load_metallib", _loader_that_must_not_run, raising=False)
+    st = library.load()
+    assert st.path == "source"
+    assert "has no bitsandbytes.metallib.json beside it (another build made it)" in st.reasons["metallib"]
+
+
+def test_unreadable_manifest_is_a_recorded_fallback(mac, monkeypatch):
+    _metallib_file()
+    library.METALLIB.with_name(_assemble.MANIFEST_NAME).write_text("{not json")
+    monkeypatch.setattr(torch.mps, "load_metallib", _loader_that_must_not_run, raising=False)
+    st = library.load()
+    assert st.path == "source"
+    assert "bitsandbytes.metallib.json cannot be read: JSONDecodeError" in st.reasons["metallib"]
+
+
+# ------------------------------------------------------------- pipelines that cannot run a kernel
+
+
+class _Pipeline:
+    """A kernel as torch returns it, with the pipeline properties and call behaviour a test sets."""
+
+    def __init__(self, kernel, limit=None, width=None, fail=None):
+        self._kernel, self._limit, self._width, self._fail = kernel, limit, width, fail
+        self.calls = 0
+
+    @property
+    def max_threads_per_threadgroup(self):
+        return self._kernel.max_threads_per_threadgroup if self._limit is None else self._limit
+
+    @property
+    def thread_execution_width(self):
+        return self._kernel.thread_execution_width if self._width is None else self._width
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self._fail:
+            raise self._fail
+        return self._kernel(*args, **kwargs)
+
+
+class _PipelineLibrary:
+    def __init__(self, inner, pipelines):
+        self._inner, self._pipelines = inner, pipelines
+
+    def __getattr__(self, name):
+        kernel = getattr(self._inner, name)
+        make = self._pipelines.get(name)
+        return make(kernel) if make else kernel
+
+
+@pytest.fixture
+def pipelines(mac, monkeypatch):
+    """kernel name -> a function making its _Pipeline from the compiled kernel; compile_shader applies it."""
+    made: dict = {}
+    monkeypatch.setattr(torch.mps, "compile_shader", lambda source: _PipelineLibrary(mac(source), made))
+    return made
+
+
+def test_a_pipeline_too_small_for_the_launch_keeps_its_op_on_the_reference(pipelines):
+    pipelines["int8_row_quant_f16"] = lambda k: _Pipeline(k, limit=128)
+    st = library.load()
+    want = tables.get("int8_row_quant_f16").max_threads if hasattr(tables.Kernel, "max_threads") else 1024
+    why = f"its pipeline allows 128 threads per threadgroup, and the host launches it with up to {want}"
+    assert st.dropped == {"int8_row_quant_f16": why}
+    assert not library.has("int8_row_quant_f16") and library.has("int8_row_quant_f32")
+    _check_int8_ops_match_reference(torch.float16)  # served by the reference
+    info = plugin.backend.diagnostics()
+    assert "allows 128 threads" in info["dropped int8_row_quant_f16"]
+
+
+def test_a_pipeline_of_another_simd_width_keeps_its_op_on_the_reference(pipelines):
+    pipelines["int8_vectorwise_dequant"] = lambda k: _Pipeline(k, width=64)
+    st = library.load()
+    assert st.dropped == {"int8_vectorwise_dequant": "its pipeline's SIMD width is 64; the kernels assume 32"}
+    A, stats = torch.randint(-127, 128, (3, 5), dtype=torch.int8), torch.rand(3) * 100
+    got = ops.falling_back("int8_vectorwise_dequant", mps_int8.int8_vectorwise_dequant)(A, stats)
+    torch.testing.assert_close(got, reference.int8_vectorwise_dequant(A, stats), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ a dispatch that raises at run time
+
+
+def test_a_kernel_whose_dispatch_raises_is_dropped_and_the_call_reruns_on_the_reference(pipelines):
+    failing = {}
+
+    def make(kernel):
+        failing["p"] = _Pipeline(kernel, fail=ValueError("Threadgroup size exceeds 256 limit"))
+        return failing["p"]
+
+    pipelines["int8_vectorwise_dequant"] = make
+    library.load()
+    op = ops.falling_back("int8_vectorwise_dequant", mps_int8.int8_vectorwise_dequant)
+    A, stats = torch.randint(-127, 128, (4, 6), dtype=torch.int8), torch.rand(4) * 100
+    want = reference.int8_vectorwise_dequant(A, stats)
+    with pytest.warns(RuntimeWarning, match="int8_vectorwise_dequant failed and is dropped"):
+        got = op(A, stats)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert failing["p"].calls == 1
+    reason = library.status().dropped["int8_vectorwise_dequant"]
+    assert reason == "dispatching it raised ValueError: Threadgroup size exceeds 256 limit"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        torch.testing.assert_close(op(A, stats), want, rtol=0, atol=0)
+    assert failing["p"].calls == 1  # later calls go straight to the reference
+    assert plugin.backend.diagnostics()["dropped int8_vectorwise_dequant"] == reason
+
+
+def test_an_optimizer_step_whose_last_kernel_fails_is_not_applied_twice(pipelines):
+    """Lion with max_unorm: norm pass, step, then the norm total. If the total's dispatch fails after the
+    step ran, rerunning the whole call on the reference would step twice; the op must not let that happen."""
+    from bitsandbytes._reference import REFERENCE
+    from bitsandbytes_mps.ops import optimizers as mps_opt
+
+    pipelines["optimizer_32bit_norm_total"] = lambda k: _Pipeline(k, fail=RuntimeError("command encoder lost"))
+    library.load()
+    torch.manual_seed(0)
+    g, p, s1 = torch.randn(300), torch.randn(300), torch.randn(300)
+    unorm = torch.tensor([0.5])
+    args = ("lion", 1.0, 0.0, 0.9, 0.99, 0.0, 0.0, 1e-8, 0.0, 3, 1e-3, 1.0, False)
+
+    def step(fn, p, s1, unorm):
+        fn(args[0], g, p, s1, None, unorm, *args[1:])
+        return p, s1, unorm
+
+    want = step(REFERENCE["optimizer_update_32bit"], p.clone(), s1.clone(), unorm.clone())
+    op = ops.falling_back("optimizer_update_32bit", mps_opt.optimizer_update_32bit)
+    with pytest.warns(RuntimeWarning, match="optimizer_32bit_norm_total failed"):
+        got = step(op, p.clone(), s1.clone(), unorm.clone())
+    for gt, wt in zip(got, want, strict=True):
+        torch.testing.assert_close(gt, wt, rtol=1e-6, atol=1e-7)
+
+
+def test_in_emulation_a_failing_dispatch_is_raised_not_hidden(emulated, monkeypatch):
+    boom = _Pipeline(library._kernels["int8_vectorwise_dequant"], fail=IndexError("emulated out-of-bounds read"))
+    monkeypatch.setitem(library._kernels, "int8_vectorwise_dequant", boom)
+    with pytest.raises(IndexError, match="out-of-bounds"):
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args(), threads=6, group_size=6)
+    assert library.status().dropped == {}
+
+
+def test_diagnostics_report_fast_math(mac, monkeypatch):
+    monkeypatch.setenv("PYTORCH_MPS_FAST_MATH", "1")
+    assert plugin.backend.diagnostics()["PYTORCH_MPS_FAST_MATH"].startswith("1 (fast math")
+    monkeypatch.setenv("PYTORCH_MPS_FAST_MATH", "0")
+    assert plugin.backend.diagnostics()["PYTORCH_MPS_FAST_MATH"] == "unset (safe math)"
+    monkeypatch.delenv("PYTORCH_MPS_FAST_MATH")
+    assert plugin.backend.diagnostics()["PYTORCH_MPS_FAST_MATH"] == "unset (safe math)"

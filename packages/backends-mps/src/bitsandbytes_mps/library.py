@@ -3,10 +3,18 @@
 Load order, each step recording why it was passed over (``status()``, shown by ``python -m bitsandbytes``):
 
 1. ``bitsandbytes.metallib`` next to this file (built by the wheel's CMake on macOS) through
-   ``torch.mps.load_metallib``, when both exist and the library holds every kernel of the tables;
+   ``torch.mps.load_metallib``, when both exist, its manifest (``bitsandbytes.metallib.json``) says it was
+   built from exactly the sources installed beside it, and it holds every kernel of the tables;
 2. else each ``metal/<source>`` (as ``_assemble.assemble`` gives it) through ``torch.mps.compile_shader``,
    source by source, so one family that fails to compile leaves the others native;
 3. else nothing: that source's ops are not registered and the core's reference kernels serve them.
+
+Each loaded kernel is then held against its pipeline: a pipeline that allows fewer threads per threadgroup
+than the host launches the kernel with (``Kernel.max_threads``), or whose SIMD width is not the 32 the
+kernels assume, drops that kernel, and its op runs on the reference. A kernel whose dispatch raises is
+dropped the same way, and the op that called it reruns on the reference (``ops.register_all`` wraps every
+op for this), so a Metal failure never surfaces in the middle of a forward pass or an optimizer step. In
+emulation such a failure is a kernel bug and is raised instead.
 
 In emulation (``use_emulator``; the tests) step 2 uses ``bitsandbytes.testing.emu.metal_library`` on the
 same assembled text, and tensors are CPU tensors. Kernels run on PyTorch's current MPS stream: nothing
@@ -15,7 +23,10 @@ here synchronizes.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +36,7 @@ from .tables import FLOAT_ELEMENTS, SCALAR_TYPES, Kernel
 
 __all__ = [
     "METALLIB",
+    "KernelFailed",
     "KernelUnavailable",
     "Status",
     "dispatch",
@@ -38,10 +50,15 @@ __all__ = [
 
 METALLIB = Path(__file__).parent / "bitsandbytes.metallib"
 _MAX_GROUP = 1024  # Apple GPUs: threads per threadgroup
+SIMD_WIDTH = 32  # every kernel's SIMD-group code (lane = lid % 32, one simd_max per 32 values) assumes it
 
 
 class KernelUnavailable(RuntimeError):
     """A kernel of the tables is not in the loaded library (its source failed, or bfloat is missing)."""
+
+
+class KernelFailed(KernelUnavailable):
+    """A kernel's dispatch raised; it is dropped (``Status.dropped``) and its op reruns on the reference."""
 
 
 @dataclass
@@ -49,12 +66,14 @@ class Status:
     """How the kernels were loaded. ``sources`` maps each Metal source to the path that serves it
     (``"metallib"``, ``"source"``, ``"emulated"`` or ``"reference"``); ``reasons`` says why a path was
     passed over (key ``"metallib"`` or a source name); ``missing`` lists table kernels absent from a
-    loaded library (bfloat kernels where MSL < 3.1)."""
+    loaded library (bfloat kernels where MSL < 3.1); ``dropped`` maps each kernel that was loaded but
+    taken out of service (its pipeline cannot run its launch size, or a dispatch raised) to the reason."""
 
     path: str = "not loaded"
     sources: dict[str, str] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)
 
     @property
     def native_sources(self) -> list[str]:
@@ -62,7 +81,7 @@ class Status:
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "sources": dict(self.sources), "reasons": dict(self.reasons),
-                "missing": list(self.missing)}  # fmt: skip
+                "missing": list(self.missing), "dropped": dict(self.dropped)}  # fmt: skip
 
 
 _lock = threading.Lock()
@@ -112,12 +131,40 @@ def _lookup(library: Any, name: str) -> Any | None:
         return None
 
 
+def _manifest_mismatch(wanted: dict[str, list[Kernel]]) -> str | None:
+    """Why the metallib's manifest does not vouch for the installed sources, or None when it does."""
+    path = METALLIB.with_name(_assemble.MANIFEST_NAME)
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return f"{METALLIB.name} has no {path.name} beside it (another build made it): its signatures are unknown"
+    except (OSError, ValueError) as e:
+        return f"{path.name} cannot be read: {_describe(e)}"
+    recorded = manifest.get("sources") if isinstance(manifest, dict) else None
+    if not isinstance(recorded, dict) or manifest.get("format") != _assemble.MANIFEST_FORMAT:
+        return f"{path.name} is not a format-{_assemble.MANIFEST_FORMAT} manifest"
+    stale = []
+    for source in wanted:
+        try:
+            if recorded.get(source) != _assemble.digest(source):
+                stale.append(source)
+        except (OSError, UnicodeError) as e:
+            return f"the installed {source} cannot be read: {_describe(e)}"
+    if stale:
+        return f"{METALLIB.name} was built from other sources than those installed ({', '.join(stale)} differ)"
+    return None
+
+
 def _try_metallib(status: Status, wanted: dict[str, list[Kernel]]) -> bool:
     import torch
 
     loader = getattr(torch.mps, "load_metallib", None)
     if not METALLIB.is_file():
         status.reasons["metallib"] = f"no prebuilt {METALLIB.name} in the package (a source install)"
+        return False
+    stale = _manifest_mismatch(wanted)
+    if stale:
+        status.reasons["metallib"] = stale
         return False
     if loader is None:
         status.reasons["metallib"] = f"torch {torch.__version__} has no torch.mps.load_metallib"
@@ -134,10 +181,33 @@ def _try_metallib(status: Status, wanted: dict[str, list[Kernel]]) -> bool:
         some = ", ".join(absent[:5])
         status.reasons["metallib"] = f"{METALLIB.name} lacks {len(absent)} kernels of the tables ({some})"
         return False
-    _kernels.update(found)
-    for source in wanted:
+    for source, kernels in wanted.items():
         status.sources[source] = "metallib"
+        for k in kernels:
+            _admit(status, k, found[k.name])
     return True
+
+
+def _admit(status: Status, k: Kernel, fn: Any) -> None:
+    """Put a loaded kernel in service unless its pipeline cannot run it as the host launches it."""
+    try:
+        limit = int(fn.max_threads_per_threadgroup)
+        width = int(fn.thread_execution_width)
+    except AttributeError:  # a torch without pipeline properties: dispatch-time failures still fall back
+        _kernels[k.name] = fn
+        return
+    except Exception as e:
+        status.dropped[k.name] = f"its pipeline's properties cannot be read: {_describe(e)}"
+        return
+    wanted = getattr(k, "max_threads", _MAX_GROUP)
+    if limit < wanted:
+        status.dropped[k.name] = (
+            f"its pipeline allows {limit} threads per threadgroup, and the host launches it with up to {wanted}"
+        )
+    elif width != SIMD_WIDTH:
+        status.dropped[k.name] = f"its pipeline's SIMD width is {width}; the kernels assume {SIMD_WIDTH}"
+    else:
+        _kernels[k.name] = fn
 
 
 def _compile_sources(status: Status, wanted: dict[str, list[Kernel]]) -> None:
@@ -175,7 +245,7 @@ def _compile_sources(status: Status, wanted: dict[str, list[Kernel]]) -> None:
             if fn is None:
                 status.missing.append(k.name)
             else:
-                _kernels[k.name] = fn
+                _admit(status, k, fn)
 
 
 def load() -> Status:
@@ -206,6 +276,27 @@ def load() -> Status:
 def status() -> Status:
     """What ``load()`` did (loading now if nothing was loaded yet)."""
     return load()
+
+
+def _drop(name: str, reason: str) -> None:
+    """Take a loaded kernel out of service for the rest of the process, once, saying so."""
+    with _lock:
+        if _kernels.pop(name, None) is None or _status is None:
+            return
+        _status.dropped[name] = reason
+    warnings.warn(
+        f"bitsandbytes-mps: the Metal kernel {name} failed and is dropped ({reason}); its op runs on the "
+        "reference kernels from now on. `python -m bitsandbytes` shows this; please report it.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def fast_math() -> str | None:
+    """``$PYTORCH_MPS_FAST_MATH`` when set to something other than 0: torch then compiles the sources with
+    fast math, under which Metal may assume no NaN or Inf (the kernels test NaN/Inf on bits for this)."""
+    value = os.environ.get("PYTORCH_MPS_FAST_MATH")
+    return value if value not in (None, "", "0") else None
 
 
 def has(name: str) -> bool:
@@ -296,7 +387,9 @@ def dispatch(name: str, *args: Any, threads: int | tuple[int, ...], group_size: 
     the kernel on the current MPS stream and returns without waiting.
 
     Raises ``KernelUnavailable`` when the kernel is not loaded (callers check ``has`` and use the
-    reference), ``TypeError`` / ``ValueError`` naming the argument for a call that does not fit the table.
+    reference), ``KernelFailed`` (one of those) when torch's call raised, after dropping the kernel, and
+    ``TypeError`` / ``ValueError`` naming the argument for a call that does not fit the table (a bug of
+    the calling op, which the emulated tests catch).
     """
     k = tables.get(name)
     fn = _kernels.get(name)
@@ -313,12 +406,18 @@ def dispatch(name: str, *args: Any, threads: int | tuple[int, ...], group_size: 
     total = 1
     for d in g:
         total *= d
-    if total > _MAX_GROUP:
-        raise ValueError(f"kernel {name}: group_size {g} has {total} threads; Apple GPUs allow at most {_MAX_GROUP}")
+    limit = getattr(k, "max_threads", _MAX_GROUP)
+    if total > limit:
+        raise ValueError(f"kernel {name}: group_size {g} has {total} threads; it is declared for at most {limit}")
     bound, casts = _check_args(k, args)
     threads_arg = t[0] if len(t) == 1 else list(t)
     group_arg = g[0] if len(g) == 1 else list(g)
-    if casts:
-        fn(*bound, threads=threads_arg, group_size=group_arg, arg_casts=casts)
-    else:
-        fn(*bound, threads=threads_arg, group_size=group_arg)
+    extra = {"arg_casts": casts} if casts else {}
+    try:
+        fn(*bound, threads=threads_arg, group_size=group_arg, **extra)
+    except Exception as e:
+        if _emulate:  # the emulator found a kernel bug (a bad access, a race): the tests must see it
+            raise
+        reason = f"dispatching it raised {_describe(e)}"
+        _drop(name, reason)
+        raise KernelFailed(f"kernel {name} of {k.source}: {reason}") from e

@@ -48,6 +48,16 @@ def _macos() -> str:
     return f"{version} ({platform.machine()})" if version else f"not macOS ({platform.system()})"
 
 
+def _metal_language() -> str:
+    """The Metal language version torch.mps.compile_shader compiles the sources as on this macOS (torch
+    2.8+; 2.7 used 3.1 from macOS 14 on), the version the CI jobs compile each source with."""
+    version = platform.mac_ver()[0]
+    if not version:
+        return "none (not macOS)"
+    major = int(version.split(".")[0])
+    return "4.0" if major >= 26 else "3.2" if major == 15 else "3.1"
+
+
 def _diagnostics() -> dict:
     import torch
 
@@ -63,6 +73,12 @@ def _diagnostics() -> dict:
         "torch": torch.__version__,
         "torch.mps.compile_shader": hasattr(torch.mps, "compile_shader"),
         "torch.mps.load_metallib": hasattr(torch.mps, "load_metallib"),
+        "Metal language of compile_shader": _metal_language(),
+        "PYTORCH_MPS_FAST_MATH": (
+            f"{library.fast_math()} (fast math; these kernels test NaN/Inf on bits, so results do not change)"
+            if library.fast_math()
+            else "unset (safe math)"
+        ),
         "metallib": str(library.METALLIB) if library.METALLIB.is_file() else "not in this install",
         "kernels": f"{sum(library.has(k) for k in kernels)} of {len(kernels)}",
         "ops on Metal kernels": ", ".join(sorted(native)) or "none",
@@ -74,6 +90,8 @@ def _diagnostics() -> dict:
         info[f"why not {'the metallib' if what == 'metallib' else what}"] = reason
     if st.missing:
         info["kernels absent from the library"] = ", ".join(st.missing)
+    for name, reason in st.dropped.items():
+        info[f"dropped {name}"] = reason
     return info
 
 

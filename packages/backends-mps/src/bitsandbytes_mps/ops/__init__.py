@@ -6,16 +6,23 @@ from. A module's ops are registered only when all its sources loaded (``library.
 the core's reference kernels keep serving them. The functions validate with the core's ``_ops.check_*``,
 allocate outputs on the input's device, compute the launch sizes and call ``library.dispatch``; they never
 look at the device type, so the emulated test plugin registers the very same functions for ``cpu``.
+
+What is registered is each function behind ``falling_back``: a kernel that turns out unusable in the
+middle of a call (``library.KernelUnavailable``: dropped after its dispatch raised) sends that call to
+the core's reference kernel. This is sound because every op writes its in-place arguments (optimizer
+state, ``out=``) only in its last kernel or in kernels whose writes the reference repeats identically
+from the same inputs, so a failed call leaves nothing half-updated.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["REGISTERED", "all_ops", "modules", "native_ops", "register_all"]
+__all__ = ["REGISTERED", "all_ops", "falling_back", "modules", "native_ops", "register_all"]
 
 # (op, device type) -> function, as registered in this process.
 REGISTERED: dict[tuple[str, str], Callable] = {}
@@ -53,13 +60,33 @@ def native_ops() -> dict[str, Callable]:
     return ops
 
 
+def falling_back(op: str, fn: Callable) -> Callable:
+    """``fn`` for op ``op``, rerunning a call on the reference kernel when a Metal kernel fails under it."""
+    from bitsandbytes._reference import REFERENCE
+
+    from .. import library
+
+    reference = REFERENCE[op]
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except library.KernelUnavailable:
+            return reference(*args, **kwargs)
+
+    return run
+
+
 def register_all(device_type: str = "mps") -> dict[str, Callable]:
-    """Register the native ops for ``device_type`` (``"cpu"`` only for emulation); idempotent. Returns them."""
+    """Register the native ops for ``device_type`` (``"cpu"`` only for emulation), each behind
+    ``falling_back``; idempotent. Returns the native functions."""
     import torch
 
     ops = native_ops()
     for op, fn in ops.items():
         if (op, device_type) not in REGISTERED:
-            torch.library.register_kernel(f"bitsandbytes::{op}", device_type)(fn)
-            REGISTERED[(op, device_type)] = fn
+            guarded = falling_back(op, fn)
+            torch.library.register_kernel(f"bitsandbytes::{op}", device_type)(guarded)
+            REGISTERED[(op, device_type)] = guarded
     return ops

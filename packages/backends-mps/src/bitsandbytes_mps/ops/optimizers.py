@@ -114,9 +114,12 @@ def optimizer_update_32bit(
         norm_hyper = [*hyper, 1.0 - beta1**step, 1.0 - beta2**step]
         dispatch(f"optimizer_32bit_norm_{sfx}", g, state1, s2, partials, norm_hyper, [rule, flags, n],
                  threads=groups * THREADS, group_size=THREADS)  # fmt: skip
-        total = ("optimizer_32bit_norm_total", partials, unorm_vec, [groups, int(rule == _ADEMAMIX)])
-        if rule != _LION:
-            dispatch(*total, threads=THREADS, group_size=THREADS)
+        # Lion's new total goes to a scratch buffer before the step and is copied in after it: the step
+        # stays the call's last kernel, so a failure of any kernel leaves the state as it was and the
+        # reference can redo the whole call (ops.falling_back).
+        new_unorm = torch.empty_like(unorm_vec) if rule == _LION else unorm_vec
+        dispatch("optimizer_32bit_norm_total", partials, new_unorm, [groups, int(rule == _ADEMAMIX)],
+                 threads=THREADS, group_size=THREADS)  # fmt: skip
         # adagrad and ademamix never scale their update (upstream quirks the reference keeps).
         if rule not in (_ADAGRAD, _ADEMAMIX):
             flags |= _SCALE_BY_UNORM
@@ -126,7 +129,7 @@ def optimizer_update_32bit(
         dispatch(f"optimizer_32bit_{sfx}", g, p, state1, s2, unorm, [*hyper, limit], [rule, flags, n],
                  threads=n, group_size=min(n, THREADS))  # fmt: skip
     if max_unorm > 0.0 and rule == _LION:
-        dispatch(*total, threads=THREADS, group_size=THREADS)
+        unorm_vec.copy_(new_unorm)
 
 
 @torch.no_grad()
