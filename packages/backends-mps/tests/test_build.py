@@ -1,0 +1,262 @@
+"""The macOS build (CMakeLists.txt) without a Mac: CMake configured for Darwin, with a fake ``xcrun``.
+
+A source install on a Mac must not fail for want of Apple's Metal compiler (the Command Line Tools lack
+it; Xcode 26 needs the separate Metal Toolchain), since torch compiles the sources at run time anyway.
+Each fake reproduces one machine: the Command Line Tools only, Xcode 26 without the Metal Toolchain (the
+shim is found but fails to run, with Apple's message), and a working Xcode whose ``metal``/``metallib``
+write files and record their command lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bitsandbytes_mps import _assemble
+
+PACKAGE = Path(__file__).resolve().parents[1]
+CMAKE = shutil.which("cmake")
+_no_cmake = pytest.mark.skipif(CMAKE is None, reason="needs cmake (not on PATH)")
+_no_posix = pytest.mark.skipif(os.name == "nt", reason="needs a POSIX system (the fake xcrun is a #! script)")
+
+
+def needs_cmake(test):
+    return _no_cmake(_no_posix(test))
+
+
+CLT_ERROR = 'xcrun: error: unable to find utility "metal", not a developer tool or in PATH'
+XCODE26_ERROR = (
+    "error: cannot execute tool 'metal' due to missing Metal Toolchain; "
+    "use: xcodebuild -downloadComponent MetalToolchain"
+)
+
+# `xcrun -sdk macosx -f TOOL` and `xcrun -sdk macosx TOOL ARGS...`, as the three machines answer them. Every
+# call is appended to the log (one JSON list a line).
+FAKE_XCRUN = """\
+#!{python}
+import json, sys
+MACHINE = {machine!r}
+with open({log!r}, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+args = sys.argv[1:]
+if args[:2] == ["-sdk", "macosx"]:
+    args = args[2:]
+if args[0] == "-f":
+    if MACHINE == "clt":
+        print({clt_error!r}, file=sys.stderr)
+        sys.exit(72)
+    print("/Applications/Xcode.app/Contents/Developer/Toolchains/XcodeDefault.xctoolchain/usr/bin/" + args[1])
+    sys.exit(0)
+tool, rest = args[0], args[1:]
+if MACHINE == "xcode26":
+    print({xcode26_error!r}.replace("'metal'", repr(tool)), file=sys.stderr)
+    sys.exit(1)
+if rest == ["--version"]:
+    print("Apple " + tool + " version 32023.fake")
+    sys.exit(0)
+out = rest[rest.index("-o") + 1]
+inputs = [a for a in rest if a.endswith((".metal", ".air"))]
+with open(out, "w") as f:
+    f.write(tool + " " + " ".join(inputs) + "\\n")
+"""
+
+
+def fake_xcrun(tmp_path: Path, machine: str) -> tuple[Path, Path]:
+    """An executable fake ``xcrun`` for ``machine`` ("clt", "xcode26" or "xcode") and its call log."""
+    log = tmp_path / "xcrun.log"
+    log.touch()
+    script = tmp_path / "xcrun"
+    text = FAKE_XCRUN.format(
+        python=sys.executable, machine=machine, log=str(log), clt_error=CLT_ERROR, xcode26_error=XCODE26_ERROR
+    )
+    script.write_text(text)
+    script.chmod(0o755)
+    return script, log
+
+
+def calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def cmake(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CMAKE, *args], capture_output=True, text=True, check=False)
+
+
+def configure(tmp_path: Path, machine: str, *defines: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """Configure the package for Darwin (CMake sets APPLE; no compiler is needed: LANGUAGES NONE)."""
+    xcrun, log = fake_xcrun(tmp_path, machine)
+    build = tmp_path / "build"
+    result = cmake(
+        "-S",
+        str(PACKAGE),
+        "-B",
+        str(build),
+        "--no-warn-unused-cli",  # OFF reads neither BNB_XCRUN nor Python_EXECUTABLE
+        "-DCMAKE_SYSTEM_NAME=Darwin",
+        f"-DBNB_XCRUN={xcrun}",
+        f"-DPython_EXECUTABLE={sys.executable}",
+        *(f"-D{d}" for d in defines),
+    )
+    return result, build, log
+
+
+def build_and_install(build: Path, prefix: Path) -> list[str]:
+    """Build and install; the files installed, relative to ``prefix``."""
+    for step in (["--build", str(build)], ["--install", str(build), "--prefix", str(prefix)]):
+        result = cmake(*step)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return sorted(str(p.relative_to(prefix)) for p in prefix.rglob("*") if p.is_file())
+
+
+MISSING = {
+    # machine: what the message must say is missing, and how to get it
+    "clt": ("-f metal", CLT_ERROR, "install full Xcode"),
+    "xcode26": ("does not run", XCODE26_ERROR, "xcodebuild -downloadComponent MetalToolchain"),
+}
+
+
+@needs_cmake
+@pytest.mark.parametrize("machine", sorted(MISSING))
+def test_auto_without_metal_compiler_warns_and_builds_nothing(tmp_path, machine):
+    result, build, log = configure(tmp_path, machine)
+    assert result.returncode == 0, result.stderr
+    what, tool_error, how = MISSING[machine]
+    # CMake wraps warning text at whitespace: compare with the line breaks undone.
+    warning = " ".join(result.stderr.split())
+    assert "CMake Warning" in warning
+    for expected in ("building no bitsandbytes.metallib", what, tool_error, how, "torch.mps.compile_shader compiles"):
+        assert " ".join(expected.split()) in warning, (expected, result.stderr)
+    assert build_and_install(build, tmp_path / "prefix") == []
+    # Only the probe ran: nothing was compiled.
+    assert all("-c" not in c and "-o" not in c for c in calls(log)), calls(log)
+
+
+@needs_cmake
+@pytest.mark.parametrize("machine", sorted(MISSING))
+@pytest.mark.parametrize("value", ["ON", "required"])
+def test_on_without_metal_compiler_fails_to_configure(tmp_path, machine, value):
+    result, _, _ = configure(tmp_path, machine, f"BNB_MPS_METALLIB={value}")
+    assert result.returncode != 0
+    message = " ".join(result.stderr.split())
+    what, tool_error, how = MISSING[machine]
+    assert "BNB_MPS_METALLIB=ON, but Apple's Metal compiler is not usable" in message
+    for expected in (what, tool_error, how):
+        assert " ".join(expected.split()) in message, (expected, result.stderr)
+
+
+@needs_cmake
+@pytest.mark.parametrize("value", ["OFF", "no", "0"])
+def test_off_neither_probes_nor_builds(tmp_path, value):
+    result, build, log = configure(tmp_path, "xcode", f"BNB_MPS_METALLIB={value}")
+    assert result.returncode == 0, result.stderr
+    assert "CMake Warning" not in result.stderr
+    assert build_and_install(build, tmp_path / "prefix") == []
+    assert calls(log) == []
+
+
+@needs_cmake
+def test_unknown_mode_is_refused(tmp_path):
+    result, _, log = configure(tmp_path, "xcode", "BNB_MPS_METALLIB=maybe")
+    assert result.returncode != 0
+    assert "BNB_MPS_METALLIB is 'maybe'; expected AUTO, ON or OFF" in " ".join(result.stderr.split())
+    assert calls(log) == []
+
+
+@needs_cmake
+@pytest.mark.parametrize("value", ["AUTO", "ON"])
+def test_working_metal_compiler_installs_metallib_and_manifest(tmp_path, value):
+    result, build, log = configure(tmp_path, "xcode", f"BNB_MPS_METALLIB={value}")
+    assert result.returncode == 0, result.stderr
+    assert "CMake Warning" not in result.stderr
+    prefix = tmp_path / "prefix"
+    installed = build_and_install(build, prefix)
+    assert installed == ["bitsandbytes_mps/bitsandbytes.metallib", f"bitsandbytes_mps/{_assemble.MANIFEST_NAME}"]
+
+    sources = _assemble.sources()
+    compiles = [c for c in calls(log) if c[2:3] == ["metal"] and "-c" in c]
+    compiled = sorted(Path(c[c.index("-c") + 1]).name for c in compiles)
+    assert compiled == sorted(sources)
+    for c in compiles:
+        # The language version of the metallib (bfloat: 3.1), warnings on, no fast math (bytes as the reference).
+        for flag in ("-std=metal3.1", "-mmacosx-version-min=14.0", "-fno-fast-math", "-Wall"):
+            assert flag in c, shlex.join(c)
+        # What metal compiled is the assembled text (prelude + source), which the manifest's digests cover.
+        assert Path(c[c.index("-c") + 1]).read_text() == _assemble.assemble(Path(c[c.index("-c") + 1]).name)
+    links = [c for c in calls(log) if c[2:3] == ["metallib"] and "-o" in c]
+    assert len(links) == 1
+    assert sorted(Path(a).stem for a in links[0] if a.endswith(".air")) == sorted(Path(s).stem for s in sources)
+
+    manifest = json.loads((prefix / "bitsandbytes_mps" / _assemble.MANIFEST_NAME).read_text())
+    assert manifest == _assemble.manifest()
+    assert (prefix / "bitsandbytes_mps" / "bitsandbytes.metallib").read_text().startswith("metallib ")
+
+
+def _skbuild_settings(monkeypatch, env: dict[str, str], config_settings: dict[str, str]):
+    reader = pytest.importorskip("scikit_build_core.settings.skbuild_read_settings", reason="needs scikit-build-core")
+    monkeypatch.delenv("BNB_MPS_METALLIB", raising=False)
+    monkeypatch.delenv("SKBUILD_CMAKE_DEFINE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings = reader.SettingsReader.from_file(PACKAGE / "pyproject.toml", config_settings, state="wheel").settings
+    return settings.cmake.define.get("BNB_MPS_METALLIB")
+
+
+@pytest.mark.parametrize(
+    ("env", "config_settings", "expected"),
+    [
+        ({}, {}, "AUTO"),
+        ({"BNB_MPS_METALLIB": "OFF"}, {}, "OFF"),
+        ({}, {"cmake.define.BNB_MPS_METALLIB": "OFF"}, "OFF"),
+        ({"BNB_MPS_METALLIB": "OFF"}, {"cmake.define.BNB_MPS_METALLIB": "ON"}, "ON"),
+        ({"SKBUILD_CMAKE_DEFINE": "BNB_MPS_METALLIB=OFF"}, {}, "OFF"),
+    ],
+)
+def test_pip_passes_the_option_to_cmake(monkeypatch, env, config_settings, expected):
+    """`BNB_MPS_METALLIB=OFF pip install ...` and `pip install -Ccmake.define.BNB_MPS_METALLIB=OFF ...` both
+    reach CMake as -DBNB_MPS_METALLIB (the latter wins), as scikit-build-core reads pyproject.toml."""
+    assert _skbuild_settings(monkeypatch, env, config_settings) == expected
+
+
+def test_published_macos_wheel_requires_the_metallib():
+    tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ (tomllib)")
+    config = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["tool"]["cibuildwheel"]["macos"]
+    assert config["environment"]["BNB_MPS_METALLIB"] == "ON"
+
+
+def test_every_source_compile_shader_reads_is_ascii():
+    # torch.mps.compile_shader reads the text with NSASCIIStringEncoding: one non-ASCII character fails a family.
+    bad = [*_assemble.non_ascii(_assemble.PRELUDE, "_assemble.PRELUDE")]
+    for source in _assemble.sources():
+        path = _assemble.source_path(source)
+        bad += _assemble.non_ascii(path.read_text(encoding="utf-8", errors="replace"), str(path))
+        assert _assemble.assemble(source).isascii()
+    assert not bad, "non-ASCII characters in Metal sources:\n" + "\n".join(bad)
+
+
+def test_assembly_refuses_non_ascii_naming_file_line_and_character(tmp_path, monkeypatch):
+    (tmp_path / "odd.metal").write_text(
+        textwrap.dedent("""\
+            kernel void f() {}
+            // 2 \u00d7 3 \u2264 8
+            """),
+        encoding="utf-8",
+    )
+    monkeypatch.setattr(_assemble, "METAL_DIR", tmp_path)
+    where = str(tmp_path / "odd.metal")
+    with pytest.raises(ValueError, match="cannot read") as info:
+        _assemble.assemble("odd.metal")
+    assert f"{where}:2:6: '\u00d7' (U+00D7)" in str(info.value)
+    assert f"{where}:2:10: '\u2264' (U+2264)" in str(info.value)
+
+
+def test_non_ascii_finder_counts_lines_as_compilers_do():
+    # A form feed is a line break to str.splitlines, not to a compiler.
+    assert _assemble.non_ascii("a\fb\n\u00e9", "f.metal") == ["f.metal:2:1: '\u00e9' (U+00E9)"]
