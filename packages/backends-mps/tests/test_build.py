@@ -260,3 +260,117 @@ def test_assembly_refuses_non_ascii_naming_file_line_and_character(tmp_path, mon
 def test_non_ascii_finder_counts_lines_as_compilers_do():
     # A form feed is a line break to str.splitlines, not to a compiler.
     assert _assemble.non_ascii("a\fb\n\u00e9", "f.metal") == ["f.metal:2:1: '\u00e9' (U+00E9)"]
+
+
+# --- ci/mps/compile_metal.py: the CI job that compiles every source at each language version torch uses ---
+
+COMPILE_METAL = PACKAGE.parents[1] / "ci" / "mps" / "compile_metal.py"
+# Outside a checkout (tests run from an sdist) there is no ci/; inside one a missing script is a failure.
+needs_ci_script = pytest.mark.skipif(
+    not (PACKAGE.parents[1] / "noxfile.py").is_file(), reason="needs the repository checkout (ci/mps/)"
+)
+
+# metal answers per source basename: (exit code, what it prints on stderr); metallib exits LINK_RC.
+FAKE_METAL = """\
+#!{python}
+import json, sys
+with open({log!r}, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+args = sys.argv[3:]
+out = args[args.index("-o") + 1]
+if args[0] == "metallib":
+    sys.exit({link_rc})
+source = args[args.index("-c") + 1].rsplit("/", 1)[-1]
+rc, text = {answers!r}.get(source, (0, ""))
+if text:
+    print(text, file=sys.stderr)
+if rc == 0:
+    open(out, "w").write("air")
+sys.exit(rc)
+"""
+
+
+def run_compile_metal(tmp_path, *args, answers=None, link_rc=0, env=None):
+    log = tmp_path / "xcrun.log"
+    log.touch()
+    xcrun = tmp_path / "xcrun"
+    xcrun.write_text(FAKE_METAL.format(python=sys.executable, log=str(log), answers=answers or {}, link_rc=link_rc))
+    xcrun.chmod(0o755)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(COMPILE_METAL), "--xcrun", str(xcrun), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "GITHUB_ACTIONS": "false", **(env or {})},
+    )
+    return result, calls(log), out
+
+
+@needs_ci_script
+@_no_posix
+@pytest.mark.parametrize(("std", "macos"), [("metal3.1", "14.0"), ("metal3.2", "15.0"), ("metal4.0", "26.0")])
+def test_ci_compile_runs_every_source_at_the_language_version(tmp_path, std, macos):
+    warning = "quant.metal:10:5: warning: unused variable 'x' [-Wunused-variable]"
+    result, log, out = run_compile_metal(tmp_path, "--std", std, answers={"quant.metal": (0, warning)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = _assemble.sources()
+    flags = ["-std=" + std, "-mmacosx-version-min=" + macos, "-fno-fast-math", "-Wall"]
+    expected = [["-sdk", "macosx", "metal", *flags, "-c", str(out / n), "-o", str(out / (n[: -len(".metal")] + ".air"))]
+                for n in names]  # fmt: skip
+    assert log[:-1] == expected
+    assert log[-1] == [
+        "-sdk",
+        "macosx",
+        "metallib",
+        *(c[-1] for c in expected),
+        "-o",
+        str(out / "bitsandbytes.metallib"),
+    ]
+    for n in names:  # what it compiled is what compile_shader gets
+        assert (out / n).read_text() == _assemble.assemble(n)
+    assert warning in result.stdout  # shown, not hidden
+    assert "quant.metal: ok (1 warnings)" in result.stdout
+    assert "link: ok" in result.stdout
+
+
+@needs_ci_script
+@_no_posix
+def test_ci_compile_fails_on_a_compile_error_and_names_the_source(tmp_path):
+    error = "int8.metal:3:1: error: unknown type name 'bfloat'"
+    result, log, _ = run_compile_metal(tmp_path, "--std", "metal3.1", answers={"int8.metal": (1, error)})
+    assert result.returncode == 1
+    assert error in result.stdout
+    assert "int8.metal: FAILED (exit 1, 1 errors, 0 warnings)" in result.stdout
+    assert "quant.metal: ok (0 warnings)" in result.stdout  # every source is still tried
+    assert "link: not tried" in result.stdout
+    assert not any(c[2] == "metallib" for c in log)
+
+
+@needs_ci_script
+@_no_posix
+def test_ci_compile_fails_when_the_link_fails(tmp_path):
+    result, _, _ = run_compile_metal(tmp_path, "--std", "metal3.2", link_rc=1)
+    assert result.returncode == 1
+    assert "link: FAILED (exit 1)" in result.stdout
+
+
+@needs_ci_script
+@_no_posix
+def test_ci_compile_annotates_diagnostics_on_the_repository_files(tmp_path):
+    answers = {"quant.metal": (0, "quant.metal:10:5: warning: unused variable 'x'")}
+    result, _, _ = run_compile_metal(tmp_path, "--std", "metal3.1", answers=answers, env={"GITHUB_ACTIONS": "true"})
+    assert result.returncode == 0
+    path = "packages/backends-mps/src/bitsandbytes_mps/metal/quant.metal"
+    assert f"::warning file={path},line=10,col=5::unused variable 'x'" in result.stdout
+
+
+@needs_ci_script
+def test_ci_compile_refuses_unknown_language_version_and_missing_xcrun(tmp_path):
+    cmd = [sys.executable, str(COMPILE_METAL), "--xcrun", str(tmp_path / "nothing")]
+    result = subprocess.run([*cmd, "--std", "metal9.9"], capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "--std 'metal9.9' has no known macOS; pass --macos-min" in result.stderr
+    result = subprocess.run([*cmd, "--std", "metal3.1"], capture_output=True, text=True, check=False)
+    assert result.returncode == 2
+    assert "cannot run" in result.stderr
