@@ -225,6 +225,34 @@ def test_pip_passes_the_option_to_cmake(monkeypatch, env, config_settings, expec
     assert _skbuild_settings(monkeypatch, env, config_settings) == expected
 
 
+@needs_cmake
+@pytest.mark.parametrize(
+    ("machine", "expected"), [("xcode26", []), ("xcode", ["bitsandbytes.metallib", "bitsandbytes.metallib.json"])]
+)
+def test_wheel_builds_with_or_without_the_metal_compiler(tmp_path, monkeypatch, machine, expected):
+    """scikit-build-core end to end, its macOS settings forced (wheel.cmake) and CMake told it is on Darwin:
+    without a usable compiler the wheel still builds, without the metallib; with one it holds both files."""
+    build = pytest.importorskip("scikit_build_core.build", reason="needs scikit-build-core")
+    import zipfile
+
+    xcrun, _ = fake_xcrun(tmp_path, machine)
+    package = tmp_path / "package"
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("build", "__pycache__", "*.egg-info"))
+    monkeypatch.chdir(package)
+    monkeypatch.delenv("BNB_MPS_METALLIB", raising=False)
+    settings = {
+        "wheel.cmake": "true",
+        "cmake.define.CMAKE_SYSTEM_NAME": "Darwin",
+        "cmake.define.BNB_XCRUN": str(xcrun),
+        "cmake.define.Python_EXECUTABLE": sys.executable,
+    }
+    name = build.build_wheel(str(tmp_path / "dist"), settings)
+    with zipfile.ZipFile(tmp_path / "dist" / name) as wheel:
+        files = wheel.namelist()
+    assert sorted(Path(f).name for f in files if "metallib" in f) == expected
+    assert "bitsandbytes_mps/metal/quant.metal" in files  # the sources, whatever happened to the metallib
+
+
 def test_published_macos_wheel_requires_the_metallib():
     tomllib = pytest.importorskip("tomllib", reason="needs Python 3.11+ (tomllib)")
     config = tomllib.loads((PACKAGE / "pyproject.toml").read_text())["tool"]["cibuildwheel"]["macos"]
@@ -237,8 +265,8 @@ def test_every_source_compile_shader_reads_is_ascii():
     for source in _assemble.sources():
         path = _assemble.source_path(source)
         bad += _assemble.non_ascii(path.read_text(encoding="utf-8", errors="replace"), str(path))
-        assert _assemble.assemble(source).isascii()
     assert not bad, "non-ASCII characters in Metal sources:\n" + "\n".join(bad)
+    assert all(_assemble.assemble(source).isascii() for source in _assemble.sources())
 
 
 def test_assembly_refuses_non_ascii_naming_file_line_and_character(tmp_path, monkeypatch):
