@@ -45,14 +45,46 @@ def source_path(source: str) -> Path:
     return METAL_DIR / source
 
 
+def non_ascii(text: str, where: str) -> list[str]:
+    """Each non-ASCII character of ``text`` as ``where:LINE:COLUMN: 'c' (U+XXXX)``, lines as compilers count them."""
+    if text.isascii():
+        return []
+    return [
+        f"{where}:{row}:{col}: {ch!r} (U+{ord(ch):04X})"
+        for row, line in enumerate(text.split("\n"), 1)
+        for col, ch in enumerate(line, 1)
+        if not ch.isascii()
+    ]
+
+
+def check_ascii(text: str, where: str) -> None:
+    """Raise ``ValueError`` naming every non-ASCII character of ``text``.
+
+    torch.mps.compile_shader turns the source into an NSString with NSASCIIStringEncoding, so one such
+    character (a multiplication sign in a comment) fails the compile of the whole family, on a Mac only; the emulator
+    and the offline compiler would accept it. Checking here makes every path refuse it alike."""
+    bad = non_ascii(text, where)
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        raise ValueError(
+            f"Metal source {where} has non-ASCII characters, which torch.mps.compile_shader cannot read: "
+            + "; ".join(bad[:5])
+            + more
+        )
+
+
 def assemble(source: str, *, emulated: bool = False) -> str:
-    """The compilable text of ``metal/<source>``; ``#line`` keeps compiler messages on the file's lines."""
+    """The compilable text of ``metal/<source>``; ``#line`` keeps compiler messages on the file's lines.
+
+    Raises ``ValueError`` if the text is not pure ASCII (``check_ascii``)."""
     path = source_path(source)
     try:
-        body = path.read_text()
+        body = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise FileNotFoundError(f"Metal source {str(path)!r} cannot be read: {e.strerror}") from None
+    check_ascii(body, str(path))
     head = (EMULATOR_DEFINES if emulated else "") + PRELUDE
+    check_ascii(head, "the prelude (bitsandbytes_mps/_assemble.py)")
     return f'{head}#line 1 "{source}"\n{body}'
 
 
