@@ -162,8 +162,9 @@ def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
 def _tests_mps_emulated(session: nox.Session, strict: dict) -> None:
     """The MPS backend without a Mac: installed (a pure wheel off macOS), its own tests (tables vs the .metal
     signatures, the loader's fallbacks with torch's MPS entry points faked, the kernels vs the reference),
-    then the conformance suite on its Metal kernels in the emulator."""
-    install(session, MPS)
+    then the conformance suite on its Metal kernels in the emulator. CMake and scikit-build-core come in
+    for tests/test_build.py, which configures and builds the macOS metallib path with a fake xcrun."""
+    install(session, MPS, "cmake", "scikit-build-core", "pathspec")
     session.run("pytest", "packages/backends-mps/tests", "--ignore=packages/backends-mps/tests/mac", *session.posargs,
                 env=strict)  # fmt: skip
     session.log("conformance on the emulated Metal kernels")
