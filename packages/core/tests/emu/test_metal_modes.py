@@ -86,16 +86,18 @@ def _subnormal_run(lib):
     b = torch.tensor([2.0**-130, -(2.0**-127), 2.0**-126, 1.0]).to(torch.bfloat16)
     out = torch.full((16,), float("nan"))
     hout = torch.full((4,), float("nan"), dtype=torch.float16)
-    lib.subnormals(SUBNORMAL_F32, h, b, out, hout, 1.0, threads=4)
-    return out.view(4, 4), hout, h, b
+    bout = torch.full((4,), float("nan"), dtype=torch.bfloat16)
+    lib.subnormals(SUBNORMAL_F32, h, b, out, hout, 1.0, bout, threads=4)
+    return out.view(4, 4), hout, h, b, bout
 
 
 def test_float32_subnormals_are_kept_by_default(monkeypatch):
     monkeypatch.delenv("BNB_EMU_METAL_FTZ", raising=False)
-    out, _, _, b = _subnormal_run(_lib())
+    out, _, _, b, bout = _subnormal_run(_lib())
     assert torch.equal(out[:, 0], SUBNORMAL_F32)
     assert torch.equal(out[:, 1], SUBNORMAL_F32 * 2.0**-100)
     assert torch.equal(out[:, 3], b.float())
+    assert torch.equal(bout, SUBNORMAL_F32.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("how", ["env", "parameter"])
@@ -106,12 +108,23 @@ def test_ftz_flushes_float32_subnormals_and_keeps_float16_ones(monkeypatch, how)
     else:
         monkeypatch.delenv("BNB_EMU_METAL_FTZ", raising=False)
         lib = _lib(ftz=True)
-    out, hout, h, b = _subnormal_run(lib)
+    out, hout, h, b, bout = _subnormal_run(lib)
     normal = SUBNORMAL_F32.abs() >= 2.0**-126
     assert torch.equal(out[:, 0], torch.where(normal, SUBNORMAL_F32, 0.0))  # flushed on input
     assert out[:, 0][~normal].signbit().tolist() == SUBNORMAL_F32[~normal].signbit().tolist()  # to signed zeros
     assert (out[:, 1] == 0).all()  # results below 2**-126 are flushed on output
     assert torch.equal(out[:, 2], h.float()) and torch.equal(hout, h)  # float16 subnormals survive
     assert torch.equal(out[:, 3], torch.where(b.float().abs() >= 2.0**-126, b.float(), 0.0))  # bfloat: fp32 math
+    # float -> bfloat flushes a subnormal result even without arithmetic (pytorch/pytorch#193897).
+    assert torch.equal(bout, torch.where(normal, SUBNORMAL_F32, 0.0).to(torch.bfloat16))
     # The host's own floating-point state is restored: torch here still sees subnormals.
     assert (SUBNORMAL_F32 * 1.0)[0].item() == 2.0**-130
+
+
+def test_threadgroup_memory_of_template_kernels_starts_poisoned():
+    """A template kernel's threadgroup array reads as all-ones bits (NaN) in every threadgroup before it
+    is written, as a non-template kernel's does: not the zeros of fresh storage, nor the values the
+    previous threadgroup left (which would hide a kernel that reads entries it never filled)."""
+    out = torch.zeros(96)
+    _lib().read_before_write_f32(out, threads=96, group_size=32)
+    assert out.isnan().all(), out

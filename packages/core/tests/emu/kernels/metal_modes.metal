@@ -35,18 +35,34 @@ kernel void classify(device const float* x [[buffer(0)]], device uint* out [[buf
 }
 
 // Subnormal behaviour: a float32 read (x * one, one = 1 at run time so the compiler cannot drop it), a
-// float32 result that is subnormal (x * 2^-100), a half subnormal through float and back, and a bfloat
-// subnormal through float.
+// float32 result that is subnormal (x * 2^-100), a half subnormal through float and back, a bfloat
+// subnormal through float, and a float32 subnormal converted to bfloat without arithmetic.
 kernel void subnormals(device const float* x [[buffer(0)]],
                        device const half* h [[buffer(1)]],
                        device const bfloat* b [[buffer(2)]],
                        device float* out [[buffer(3)]],
                        device half* hout [[buffer(4)]],
                        constant float& one [[buffer(5)]],
+                       device bfloat* bout [[buffer(6)]],
                        uint i [[thread_position_in_grid]]) {
   out[4 * i] = x[i] * one;
   out[4 * i + 1] = x[i] * 0x1p-100f;
   out[4 * i + 2] = float(h[i]) * one;
   out[4 * i + 3] = float(b[i]) * one;
   hout[i] = half(float(h[i]) * one);
+  bout[i] = bfloat(x[i]);
 }
+
+// Reads its threadgroup array before any lane writes it, then writes it: every threadgroup must read the
+// emulator's poison (NaN), not zeros or what the previous threadgroup left, template kernels included.
+template <typename T>
+kernel void read_before_write(device T* out [[buffer(0)]],
+                              uint gid [[thread_position_in_grid]],
+                              uint lid [[thread_index_in_threadgroup]]) {
+  threadgroup T scratch[32];
+  out[gid] = scratch[lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  scratch[lid] = T(1.0f);
+}
+template [[host_name("read_before_write_f32")]] kernel void read_before_write<float>(
+    device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]], uint lid [[thread_index_in_threadgroup]]);

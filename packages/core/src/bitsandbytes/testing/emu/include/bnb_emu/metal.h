@@ -223,12 +223,18 @@ inline Builtin builtin(BuiltinId id) {
 }
 
 // Threadgroup memory of the running dispatch: every threadgroup variable a lane reaches reports itself
-// once; together they must fit Apple GPUs' 32 KiB.
+// once; together they must fit Apple GPUs' 32 KiB. The first lane of each threadgroup to reach a variable
+// fills it with 0xFF bytes: the section poisoning above misses the variables of template kernels (the
+// compiler gives a template's statics their own COMDAT section), and a lane passes the declaration before
+// it can touch the variable, so this comes before any write of the threadgroup.
 constexpr size_t kThreadgroupMemoryLimit = 32 * 1024;
+constexpr size_t kThreadgroupVars = 64;
 struct ThreadgroupUse {
-  const void* seen[64];
+  const void* seen[kThreadgroupVars];
+  uint64_t poisoned_in[kThreadgroupVars];  // the threadgroup (generation) that last poisoned it
   size_t count = 0;
   size_t bytes = 0;
+  uint64_t generation = 0;  // counts the threadgroups started in this dispatch
 };
 inline ThreadgroupUse& threadgroup_use() {
   static ThreadgroupUse use;
@@ -236,9 +242,20 @@ inline ThreadgroupUse& threadgroup_use() {
 }
 inline void note_threadgroup(const void* var, size_t bytes) {
   ThreadgroupUse& u = threadgroup_use();
-  for (size_t i = 0; i < u.count; ++i)
-    if (u.seen[i] == var) return;
-  if (u.count < 64) u.seen[u.count++] = var;
+  for (size_t i = 0; i < u.count; ++i) {
+    if (u.seen[i] == var) {
+      if (u.poisoned_in[i] != u.generation) {
+        u.poisoned_in[i] = u.generation;
+        std::memset(const_cast<void*>(var), 0xff, bytes);
+      }
+      return;
+    }
+  }
+  if (u.count < kThreadgroupVars) {
+    u.seen[u.count] = var;
+    u.poisoned_in[u.count++] = u.generation;
+  }
+  std::memset(const_cast<void*>(var), 0xff, bytes);
   u.bytes += bytes;
   if (u.bytes > kThreadgroupMemoryLimit)
     fail("%zu bytes of threadgroup memory; Metal allows at most %zu per threadgroup", u.bytes, kThreadgroupMemoryLimit);
@@ -348,6 +365,7 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
   // Lanes run on worker threads and fiber contexts that may carry their own copy of the control
   // register: each lane sets it on entry, and this thread's own copy is restored after the dispatch.
   write_fp_control(fp_kernel);
+  metal_detail::flush_subnormals_active() = (d.flags & FLUSH_SUBNORMALS) != 0;
   auto body = [&]() {
     write_fp_control(fp_kernel);
     const Dim3& g = lane().group;
@@ -355,6 +373,7 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
     if (key != last_group) {
       last_group = key;
       poison_threadgroup_memory();
+      ++threadgroup_use().generation;
     }
     call(bind);
   };
@@ -376,6 +395,7 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
       }
   current() = nullptr;
   write_fp_control(fp_saved);
+  metal_detail::flush_subnormals_active() = false;
   if (rc != 0) {
     name_threadgroup_in_error(d);
     return rc;
