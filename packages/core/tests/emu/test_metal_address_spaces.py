@@ -2,6 +2,8 @@
 device / constant / threadgroup / thread as distinct address spaces, which the emulating shim erases.
 Each crafted kernel below makes one mistake Apple's compiler rejects; it must fail with the .metal line."""
 
+from pathlib import Path
+
 import pytest
 
 from bitsandbytes.testing import emu
@@ -141,3 +143,24 @@ def test_command_line_checks_address_spaces(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--address-spaces", str(bad)]) == 1
     assert "bad.metal:5:" in capsys.readouterr().err
+
+
+KERNEL_FILES = sorted((Path(__file__).parent / "kernels").glob("*.metal"))
+
+
+@pytest.mark.parametrize("path", KERNEL_FILES, ids=lambda p: p.name)
+def test_the_emulator_self_test_kernels_pass(path):
+    """No false alarms on what the emulator's own tests use: vectors built and converted (`float4(h4)`),
+    swizzles, device and threadgroup atomics, SIMD-group functions, templates, constant tables."""
+    emu.check_metal_address_spaces(path)
+
+
+def test_vectors_in_device_memory_keep_their_space():
+    with pytest.raises(
+        emu.MetalAddressSpaceError, match="address space 'device' as a pointer to address space 'threadgroup'"
+    ):
+        check(
+            "inline float4 first(threadgroup const float4* p) { return p[0] + float4(1.0f); }\n"
+            + KERNEL.format(params="device float4* o [[buffer(0)]]", body="  o[i] = first(o).zyxw;"),
+            "vectors",
+        )

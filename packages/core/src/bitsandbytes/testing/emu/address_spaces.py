@@ -27,6 +27,11 @@ NEED_CLANG = "clang++ (the Metal address-space check needs clang's address_space
 _SPACES = {"1": "device", "2": "constant", "3": "threadgroup"}
 _SPELLED = re.compile(r"__attribute__\(\(address_space\((\d)\)\)\)")
 _REASON = re.compile(r"address space '(\d)'")
+# MSL's vector constructor / conversion `float4(...)`: metal_as.h's vectors are ext_vector_types, which
+# C++ cannot construct that way (same length and line, so diagnostics keep their columns roughly).
+_VECTOR_CALL = re.compile(
+    r"(?<![\w:.])((?:float|half|bfloat|int|uint|short|ushort|char|uchar|long|ulong|bool)[234])\s*\("
+)
 
 
 class MetalAddressSpaceError(EmulationCompileError):
@@ -95,6 +100,7 @@ def check_metal_address_spaces(source: str | os.PathLike, filename: str | None =
         body, _ = translate(text, filename)
     except MetalSubsetError as e:
         raise EmulationCompileError(f"bnb_emu/metal: {e}") from None
+    body = _VECTOR_CALL.sub(lambda m: f"bnb_emu_as_vector<{m.group(1)}>(", body)
     escaped = filename.replace("\\", "\\\\").replace('"', '\\"')
     unit = f'#line 1 "{escaped}"\n{body}\n'
     cmd = [clang, "-x", "c++", "-std=c++17", "-fsyntax-only", "-ferror-limit=50", "-Wno-unused-value"]

@@ -65,6 +65,12 @@ typedef uchar4 bool4;  // clang has no bool vectors; only the spaces matter here
 #undef BNB_EMU_AS_VECTORS
 
 
+// check_metal_address_spaces rewrites MSL's vector constructors and conversions, `float4(a, b, c, d)`,
+// `float4(half4_value)`, which C++ has no spelling for on ext_vector_types, into calls of this. Only its
+// type matters here: any scalars or vectors, read from any address space, make a vector.
+template <class V, class... A>
+V bnb_emu_as_vector(A...);
+
 #define NAN __builtin_nanf("")
 #define INFINITY __builtin_inff()
 #define HUGE_VALF __builtin_huge_valf()
@@ -101,9 +107,12 @@ BNB_EMU_AS_FN1(sqrt) BNB_EMU_AS_FN1(rsqrt) BNB_EMU_AS_FN1(exp) BNB_EMU_AS_FN1(ex
 BNB_EMU_AS_FN1(log2) BNB_EMU_AS_FN1(sin) BNB_EMU_AS_FN1(cos) BNB_EMU_AS_FN1(tanh) BNB_EMU_AS_FN1(floor)
 BNB_EMU_AS_FN1(ceil) BNB_EMU_AS_FN1(round) BNB_EMU_AS_FN1(rint) BNB_EMU_AS_FN1(trunc) BNB_EMU_AS_FN1(fabs)
 BNB_EMU_AS_FN1(abs) BNB_EMU_AS_FN1(fract) BNB_EMU_AS_FN1(saturate) BNB_EMU_AS_FN1(sign) BNB_EMU_AS_FN1(popcount)
-BNB_EMU_AS_FN1(clz) BNB_EMU_AS_FN1(ctz) BNB_EMU_AS_FN1(reverse_bits)
+BNB_EMU_AS_FN1(clz) BNB_EMU_AS_FN1(ctz) BNB_EMU_AS_FN1(reverse_bits) BNB_EMU_AS_FN1(exp10) BNB_EMU_AS_FN1(log10)
+BNB_EMU_AS_FN1(tan) BNB_EMU_AS_FN1(asin) BNB_EMU_AS_FN1(acos) BNB_EMU_AS_FN1(atan) BNB_EMU_AS_FN1(sinh)
+BNB_EMU_AS_FN1(cosh)
 BNB_EMU_AS_FN2(min) BNB_EMU_AS_FN2(max) BNB_EMU_AS_FN2(fmin) BNB_EMU_AS_FN2(fmax) BNB_EMU_AS_FN2(pow)
 BNB_EMU_AS_FN2(copysign) BNB_EMU_AS_FN2(fmod) BNB_EMU_AS_FN2(step) BNB_EMU_AS_FN2(mulhi) BNB_EMU_AS_FN2(divide)
+BNB_EMU_AS_FN2(powr) BNB_EMU_AS_FN2(atan2)
 template <class X, class L, class H>
 inline X clamp(X x, L, H) {
   return x;
@@ -152,21 +161,38 @@ template <class To, class From>
 inline To as_type(From) {
   return To();
 }
+template <class V>
+inline auto dot(V a, V) -> __typeof__(a.x) {
+  return a.x;
+}
+template <class V>
+inline auto length(V a) -> __typeof__(a.x) {
+  return a.x;
+}
+template <class V>
+inline auto distance(V a, V) -> __typeof__(a.x) {
+  return a.x;
+}
+template <class V>
+inline V normalize(V a) {
+  return a;
+}
+template <class V>
+inline V cross(V a, V) {
+  return a;
+}
 namespace precise {
-using metal::divide;
-using metal::rsqrt;
-using metal::sqrt;
+using namespace metal;
 }  // namespace precise
 namespace fast {
-using metal::divide;
-using metal::rsqrt;
-using metal::sqrt;
+using namespace metal;
 }  // namespace fast
 
 // SIMD-group functions take and return values.
 BNB_EMU_AS_FN1(simd_sum) BNB_EMU_AS_FN1(simd_product) BNB_EMU_AS_FN1(simd_max) BNB_EMU_AS_FN1(simd_min)
 BNB_EMU_AS_FN1(simd_and) BNB_EMU_AS_FN1(simd_or) BNB_EMU_AS_FN1(simd_xor) BNB_EMU_AS_FN1(simd_prefix_inclusive_sum)
-BNB_EMU_AS_FN1(simd_prefix_exclusive_sum) BNB_EMU_AS_FN1(simd_broadcast_first)
+BNB_EMU_AS_FN1(simd_prefix_exclusive_sum) BNB_EMU_AS_FN1(simd_prefix_inclusive_product)
+BNB_EMU_AS_FN1(simd_prefix_exclusive_product) BNB_EMU_AS_FN1(simd_broadcast_first)
 #undef BNB_EMU_AS_FN1
 #undef BNB_EMU_AS_FN2
 #define BNB_EMU_AS_SHUFFLE(NAME) \
@@ -175,11 +201,14 @@ BNB_EMU_AS_FN1(simd_prefix_exclusive_sum) BNB_EMU_AS_FN1(simd_broadcast_first)
     return x;                    \
   }
 BNB_EMU_AS_SHUFFLE(simd_shuffle) BNB_EMU_AS_SHUFFLE(simd_shuffle_xor) BNB_EMU_AS_SHUFFLE(simd_shuffle_down)
-BNB_EMU_AS_SHUFFLE(simd_shuffle_up) BNB_EMU_AS_SHUFFLE(simd_broadcast)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_up) BNB_EMU_AS_SHUFFLE(simd_broadcast) BNB_EMU_AS_SHUFFLE(simd_shuffle_rotate_down)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_rotate_up)
 #undef BNB_EMU_AS_SHUFFLE
 inline bool simd_any(bool) { return true; }
 inline bool simd_all(bool) { return true; }
 inline bool simd_is_first() { return true; }
+inline ulong simd_ballot(bool) { return 0; }
+inline ulong simd_active_threads_mask() { return 0; }
 
 // Atomics exist in device and threadgroup memory only (MSL): only those pointers are accepted.
 enum atomic_int : int {};
