@@ -110,4 +110,8 @@ def check_metal_address_spaces(source: str | os.PathLike, filename: str | None =
     proc = subprocess.run([*cmd, "-"], input=unit, capture_output=True, text=True)
     if proc.returncode != 0:
         diag = _msl_terms(proc.stderr.strip())
-        raise MetalAddressSpaceError(f"{filename}: address spaces do not match (MSL rejects this):\n{diag}", diag)
+        # Mostly a mixed space or a store to constant memory; a name metal_as.h does not declare (it
+        # stubs the subset's functions) would also land here, and the diagnostic says which.
+        raise MetalAddressSpaceError(
+            f"{filename}: the Metal address-space check (clang, MSL's address spaces) rejects it:\n{diag}", diag
+        )
