@@ -19,9 +19,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from .address_spaces import MetalAddressSpaceError, check_metal_address_spaces, clang_unavailable_reason
 from .build import NEED_COMPILER, build, find_compiler, unavailable_reason
 from .errors import EmulationCompileError, EmulationError
-from .metal import MetalLibrary, metal_library
+from .metal import MetalLibrary, MetalSubsetError, metal_library
 from .module import Kernel, Module
 from .source import translation_unit
 
@@ -30,8 +31,12 @@ __all__ = [
     "EmulationCompileError",
     "EmulationError",
     "Kernel",
+    "MetalAddressSpaceError",
     "MetalLibrary",
+    "MetalSubsetError",
     "Module",
+    "check_metal_address_spaces",
+    "clang_unavailable_reason",
     "find_compiler",
     "include_dir",
     "load_cuda",

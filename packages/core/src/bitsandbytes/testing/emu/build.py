@@ -184,14 +184,23 @@ def _user_file(path: Path, generated: Path) -> bool:
     return path != generated.resolve() and not path.is_relative_to(INCLUDE.resolve()) and path.parts[1:2] != ("usr",)
 
 
-def build(tu_text: str, *, dialect: str, label: str, include_dirs: list[str], defines: dict[str, object]) -> Path:
-    """Compile one generated translation unit into a shared library (or find it cached); its path."""
+def build(
+    tu_text: str,
+    *,
+    dialect: str,
+    label: str,
+    include_dirs: list[str],
+    defines: dict[str, object],
+    extra_flags: tuple[str, ...] = (),
+) -> Path:
+    """Compile one generated translation unit into a shared library (or find it cached); its path.
+    ``extra_flags`` apply to the module only (not the runtime) and are part of the cache key."""
     cxx = find_compiler()
     if cxx is None:
         raise EmulationError(unavailable_reason())
     base_flags = _flags()
     runtime = _runtime_object(cxx, base_flags)
-    flags = [*base_flags, *KERNEL_WARNINGS, "-I", str(INCLUDE)]
+    flags = [*base_flags, *extra_flags, *KERNEL_WARNINGS, "-I", str(INCLUDE)]
     if dialect == "cuda":
         flags += ["-I", str(CUDA_HEADERS)]
     for d in include_dirs:

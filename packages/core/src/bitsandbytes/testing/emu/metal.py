@@ -79,6 +79,38 @@ class MetalSubsetError(ValueError):
     """A construct of the Metal source that the emulator does not support (raised before compiling)."""
 
 
+# ---- emulation options: what a real Apple GPU or compiler may do that the default emulation does not ----
+EDGE_ENV = "BNB_EMU_METAL_EDGE"
+FTZ_ENV = "BNB_EMU_METAL_FTZ"
+FAST_MATH_ENV = "BNB_EMU_METAL_FAST_MATH"
+EDGE_MODES = ("actual", "dispatched")
+# PYTORCH_MPS_FAST_MATH=1 lets Apple's compiler assume no NaN or infinity (isnan may fold to false). The
+# host compiler is told the same; reassociation and reciprocals are left out, as the kernels ask for
+# precise:: quotients where their bits matter and fast math keeps those precise on Apple GPUs too.
+FAST_MATH_FLAGS = ("-ffinite-math-only", "-fno-math-errno", "-fno-trapping-math")
+_EDGE_DISPATCHED, _FLUSH_SUBNORMALS = 1, 2  # metal.h DispatchFlags
+
+
+def _env_flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name} must be 0 or 1, got {os.environ[name]!r}")
+
+
+def _edge_mode(edge: str | None) -> str:
+    """threads_per_threadgroup of a short edge threadgroup: the ``actual`` (short) size or the
+    ``dispatched`` one; None reads $BNB_EMU_METAL_EDGE (default actual)."""
+    source = f"{EDGE_ENV}" if edge is None else "edge"
+    mode = (os.environ.get(EDGE_ENV, "") or "actual") if edge is None else edge
+    mode = mode.strip().lower()
+    if mode not in EDGE_MODES:
+        raise ValueError(f"{source} must be one of {', '.join(EDGE_MODES)}, got {mode!r}")
+    return mode
+
+
 @dataclass
 class KernelParam:
     name: str
@@ -458,7 +490,8 @@ class MetalKernel:
             )
         if len(gdims) != len(tdims):
             raise ValueError(f"kernel '{kernel}': threads and group_size must have the same number of dimensions")
-        dispatch = (ctypes.c_uint32 * 6)(*(tdims + [1] * (3 - len(tdims))), *(gdims + [1] * (3 - len(gdims))))
+        flags = self._library._dispatch_flags()
+        dispatch = (ctypes.c_uint32 * 7)(*(tdims + [1] * (3 - len(tdims))), *(gdims + [1] * (3 - len(gdims))), flags)
         rc = self._fn(c_args, len(args), dispatch)
         if rc != 0:
             raise EmulationError(self._library._last_error())
@@ -467,14 +500,24 @@ class MetalKernel:
 class MetalLibrary:
     """An emulated stand-in for the object torch.mps.compile_shader returns."""
 
-    def __init__(self, dll: ctypes.CDLL, entries: list[KernelEntry]):
+    def __init__(
+        self, dll: ctypes.CDLL, entries: list[KernelEntry], *, edge: str | None = None, ftz: bool | None = None
+    ):
         self._dll = dll
+        self._edge = None if edge is None else _edge_mode(edge)
+        self._ftz = ftz
         self._entries = {e.host_name: e for e in entries}
         self._kernels: dict[str, MetalKernel] = {}
         dll.bnb_emu_last_error.restype = ctypes.c_char_p
 
     def _last_error(self) -> str:
         return self._dll.bnb_emu_last_error().decode(errors="replace")
+
+    def _dispatch_flags(self) -> int:
+        # Read at every dispatch: the options need no rebuild, and tests can switch them per call.
+        edge = self._edge or _edge_mode(None)
+        ftz = _env_flag(FTZ_ENV) if self._ftz is None else self._ftz
+        return (_EDGE_DISPATCHED if edge == "dispatched" else 0) | (_FLUSH_SUBNORMALS if ftz else 0)
 
     def __getattr__(self, name: str) -> MetalKernel:
         if name.startswith("_"):
@@ -496,7 +539,13 @@ _libraries: dict[tuple, MetalLibrary] = {}
 
 
 def metal_library(
-    source: str | os.PathLike, *, filename: str | None = None, include_dirs: Iterable[str | os.PathLike] = ()
+    source: str | os.PathLike,
+    *,
+    filename: str | None = None,
+    include_dirs: Iterable[str | os.PathLike] = (),
+    edge: str | None = None,
+    ftz: bool | None = None,
+    fast_math: bool | None = None,
 ) -> MetalLibrary:
     """Compile Metal kernel source for emulation, like ``torch.mps.compile_shader(source)``.
 
@@ -505,6 +554,13 @@ def metal_library(
         filename: the name compiler messages and errors use for the source (default: the path, or
             ``kernel.metal`` for text).
         include_dirs: directories searched by ``#include`` (a file's own directory always is).
+        edge: what ``threads_per_threadgroup`` (and ``simdgroups_per_threadgroup``) says in a short edge
+            threadgroup of a non-uniform grid: ``"actual"`` (its own size) or ``"dispatched"`` (the
+            group_size of the dispatch). None: $BNB_EMU_METAL_EDGE at each call, default actual.
+        ftz: flush float32 subnormals to zero, on input and output, as Apple GPUs do (float16 ones stay).
+            None: $BNB_EMU_METAL_FTZ at each call, default off.
+        fast_math: compile as under PYTORCH_MPS_FAST_MATH=1: the compiler may assume no NaN or infinity.
+            None: $BNB_EMU_METAL_FAST_MATH when the library is built, default off. A separate build.
 
     Raises:
         EmulationCompileError: the source uses something outside the emulated subset or does not compile.
@@ -527,12 +583,16 @@ def metal_library(
     else:
         text = str(source)
         filename = filename or "kernel.metal"
-    key = (filename, text, tuple(dirs))
+    if edge is not None:
+        edge = _edge_mode(edge)
+    fast = _env_flag(FAST_MATH_ENV) if fast_math is None else bool(fast_math)
+    key = (filename, text, tuple(dirs), edge, ftz, fast)
     if key not in _libraries:
         try:
             tu, entries = translation_unit(text, filename)
         except MetalSubsetError as e:
             raise EmulationCompileError(f"bnb_emu/metal: {e}") from None
-        lib = build(tu, dialect="metal", label=filename, include_dirs=dirs, defines={})
-        _libraries[key] = MetalLibrary(ctypes.CDLL(str(lib)), entries)
+        extra = FAST_MATH_FLAGS if fast else ()
+        lib = build(tu, dialect="metal", label=filename, include_dirs=dirs, defines={}, extra_flags=extra)
+        _libraries[key] = MetalLibrary(ctypes.CDLL(str(lib)), entries, edge=edge, ftz=ftz)
     return _libraries[key]

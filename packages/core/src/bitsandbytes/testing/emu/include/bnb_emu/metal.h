@@ -14,6 +14,9 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "metal/atomic.h"
 #include "metal/math.h"
@@ -48,6 +51,16 @@ struct Dispatch {
   uint32_t threads[3];
   uint32_t group[3];
   uint32_t region_offset[3];
+  uint32_t flags;  // DispatchFlags
+};
+// Emulation options of one dispatch (bitsandbytes.testing.emu.metal: BNB_EMU_METAL_EDGE, BNB_EMU_METAL_FTZ).
+enum DispatchFlags : uint32_t {
+  // threads_per_threadgroup (and simdgroups/quadgroups_per_threadgroup) of a short edge threadgroup
+  // report the dispatched size instead of the actual one: Apple documents neither reading, so a kernel
+  // that is right under both does not depend on it.
+  EDGE_REPORTS_DISPATCHED = 1,
+  // float32 subnormals read and written as zero, as Apple GPUs do.
+  FLUSH_SUBNORMALS = 2,
 };
 inline Dispatch*& current() {
   static Dispatch* d = nullptr;
@@ -95,6 +108,46 @@ struct Builtin {
 
 inline uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
+// The host's floating-point control for FLUSH_SUBNORMALS: x86 MXCSR FTZ (bit 15) and DAZ (bit 6),
+// AArch64 FPCR.FZ (bit 24; FZ16 stays clear, and the shim's half is integer code anyway, so float16
+// subnormals survive as on Apple GPUs). Set while a dispatch runs, restored after.
+inline uint64_t read_fp_control() {
+#if defined(__x86_64__) || defined(__i386__)
+  return _mm_getcsr();
+#elif defined(__aarch64__)
+  uint64_t v;
+  __asm__ volatile("mrs %0, fpcr" : "=r"(v));
+  return v;
+#else
+  return 0;
+#endif
+}
+inline void write_fp_control(uint64_t v) {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(static_cast<unsigned>(v));
+#elif defined(__aarch64__)
+  __asm__ volatile("msr fpcr, %0" : : "r"(v));
+#else
+  (void)v;
+#endif
+}
+inline uint64_t flushing(uint64_t v) {
+#if defined(__x86_64__) || defined(__i386__)
+  return v | 0x8040u;
+#elif defined(__aarch64__)
+  return v | (uint64_t{1} << 24);
+#else
+  return v;
+#endif
+}
+inline bool can_flush_subnormals() {
+#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Threadgroup memory is undefined when a threadgroup starts; all-ones bits (NaN for floats) make a read
 // before any write, or a race a missing barrier lets through, show in results.
 inline void poison_threadgroup_memory() {
@@ -111,8 +164,9 @@ inline Builtin builtin(BuiltinId id) {
   const uint32_t t[3] = {l.thread.x, l.thread.y, l.thread.z};
   const uint32_t g[3] = {l.group.x + d.region_offset[0], l.group.y + d.region_offset[1],
                          l.group.z + d.region_offset[2]};
-  const uint32_t lanes = blk.x * blk.y * blk.z;
   const uint32_t dispatch_lanes = d.group[0] * d.group[1] * d.group[2];
+  const bool edge_dispatched = (d.flags & EDGE_REPORTS_DISPATCHED) != 0;
+  const uint32_t lanes = edge_dispatched ? dispatch_lanes : blk.x * blk.y * blk.z;
   Builtin b{{0, 0, 0}};
   switch (id) {
     case THREAD_POSITION_IN_GRID:
@@ -125,7 +179,7 @@ inline Builtin builtin(BuiltinId id) {
       for (int i = 0; i < 3; ++i) b.v[i] = g[i];
       break;
     case THREADS_PER_THREADGROUP:
-      for (int i = 0; i < 3; ++i) b.v[i] = actual[i];
+      for (int i = 0; i < 3; ++i) b.v[i] = edge_dispatched ? d.group[i] : actual[i];
       break;
     case DISPATCH_THREADS_PER_THREADGROUP:
       for (int i = 0; i < 3; ++i) b.v[i] = d.group[i];
@@ -169,12 +223,18 @@ inline Builtin builtin(BuiltinId id) {
 }
 
 // Threadgroup memory of the running dispatch: every threadgroup variable a lane reaches reports itself
-// once; together they must fit Apple GPUs' 32 KiB.
+// once; together they must fit Apple GPUs' 32 KiB. The first lane of each threadgroup to reach a variable
+// fills it with 0xFF bytes: the section poisoning above misses the variables of template kernels (the
+// compiler gives a template's statics their own COMDAT section), and a lane passes the declaration before
+// it can touch the variable, so this comes before any write of the threadgroup.
 constexpr size_t kThreadgroupMemoryLimit = 32 * 1024;
+constexpr size_t kThreadgroupVars = 64;
 struct ThreadgroupUse {
-  const void* seen[64];
+  const void* seen[kThreadgroupVars];
+  uint64_t poisoned_in[kThreadgroupVars];  // the threadgroup (generation) that last poisoned it
   size_t count = 0;
   size_t bytes = 0;
+  uint64_t generation = 0;  // counts the threadgroups started in this dispatch
 };
 inline ThreadgroupUse& threadgroup_use() {
   static ThreadgroupUse use;
@@ -182,9 +242,20 @@ inline ThreadgroupUse& threadgroup_use() {
 }
 inline void note_threadgroup(const void* var, size_t bytes) {
   ThreadgroupUse& u = threadgroup_use();
-  for (size_t i = 0; i < u.count; ++i)
-    if (u.seen[i] == var) return;
-  if (u.count < 64) u.seen[u.count++] = var;
+  for (size_t i = 0; i < u.count; ++i) {
+    if (u.seen[i] == var) {
+      if (u.poisoned_in[i] != u.generation) {
+        u.poisoned_in[i] = u.generation;
+        std::memset(const_cast<void*>(var), 0xff, bytes);
+      }
+      return;
+    }
+  }
+  if (u.count < kThreadgroupVars) {
+    u.seen[u.count] = var;
+    u.poisoned_in[u.count++] = u.generation;
+  }
+  std::memset(const_cast<void*>(var), 0xff, bytes);
   u.bytes += bytes;
   if (u.bytes > kThreadgroupMemoryLimit)
     fail("%zu bytes of threadgroup memory; Metal allows at most %zu per threadgroup", u.bytes, kThreadgroupMemoryLimit);
@@ -231,11 +302,17 @@ inline void name_threadgroup_in_error(const Dispatch& d) {
   set_error("%s", msg.c_str());
 }
 
-// Runs `call(bind)` in every lane of the dispatch. `dispatch` holds threads[3] then group_size[3].
+// Runs `call(bind)` in every lane of the dispatch. `dispatch` holds threads[3], group_size[3], flags.
 // Every argument is a buffer (torch passes Python scalars as small constant buffers too).
 template <class Call>
 int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch, Call call) {
   Dispatch d{};
+  d.flags = dispatch[6];
+  if ((d.flags & FLUSH_SUBNORMALS) && !can_flush_subnormals()) {
+    set_error("kernel '%s': BNB_EMU_METAL_FTZ: this host's floating-point control is not known to the emulator",
+              kernel);
+    return 1;
+  }
   uint64_t group_lanes = 1;
   for (int i = 0; i < 3; ++i) {
     d.threads[i] = dispatch[i];
@@ -283,12 +360,20 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
   // Threadgroups run one at a time and each starts all its lanes before the next begins, so the first
   // lane to start with a new threadgroup position is the first of its threadgroup (whatever the lane order).
   uint64_t last_group = ~uint64_t{0};
+  const uint64_t fp_saved = read_fp_control();
+  const uint64_t fp_kernel = (d.flags & FLUSH_SUBNORMALS) ? flushing(fp_saved) : fp_saved;
+  // Lanes run on worker threads and fiber contexts that may carry their own copy of the control
+  // register: each lane sets it on entry, and this thread's own copy is restored after the dispatch.
+  write_fp_control(fp_kernel);
+  metal_detail::flush_subnormals_active() = (d.flags & FLUSH_SUBNORMALS) != 0;
   auto body = [&]() {
+    write_fp_control(fp_kernel);
     const Dim3& g = lane().group;
     const uint64_t key = uint64_t{g.x} | (uint64_t{g.y} << 21) | (uint64_t{g.z} << 42);
     if (key != last_group) {
       last_group = key;
       poison_threadgroup_memory();
+      ++threadgroup_use().generation;
     }
     call(bind);
   };
@@ -309,6 +394,8 @@ int run(const char* kernel, const Arg* args, int nargs, const uint32_t* dispatch
         rc = launch(cfg, body);
       }
   current() = nullptr;
+  write_fp_control(fp_saved);
+  metal_detail::flush_subnormals_active() = false;
   if (rc != 0) {
     name_threadgroup_in_error(d);
     return rc;

@@ -64,8 +64,17 @@ inline float f16_to_f32(uint16_t h) {
   return f32_from(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+// True while a dispatch emulates an Apple GPU's flushing of float32 subnormals (BNB_EMU_METAL_FTZ; set by
+// metal_launch::run). The host's FTZ/DAZ bits cover float arithmetic; this covers the one conversion done
+// in integer code here that Apple's hardware also flushes: float -> bfloat (pytorch/pytorch#193897).
+inline bool& flush_subnormals_active() {
+  static bool on = false;
+  return on;
+}
+
 inline uint16_t f32_to_bf16(float f) {
   const uint32_t x = f32_bits(f);
+  if ((x & 0x7f800000u) == 0 && flush_subnormals_active()) return static_cast<uint16_t>((x >> 16) & 0x8000u);
   if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;  // canonical quiet nan, as torch writes it
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
