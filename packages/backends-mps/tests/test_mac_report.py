@@ -227,3 +227,25 @@ def test_a_crashing_backend_costs_the_report_its_diagnostics_only():
 
     info = mac_report.mps_diagnostics(run=crashed)
     assert info == {"error": "the diagnostics process ended with status -11: Fatal Python error: Segmentation fault"}
+
+
+def test_a_bench_that_stops_midway_leaves_what_it_measured(tmp_path, monkeypatch):
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_mps_under_test", mac_report.BENCH_SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def first_case_then_crash(shapes, peak, rows, saved):
+        rows.append({"op": "quantize_4bit", "shape": [4096, 4096], "kernel": "native", "ours": {"us": 50.0}})
+        saved()
+        raise RuntimeError("the second kernel hung")
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "run", first_case_then_crash)
+    monkeypatch.setattr(sys, "argv", ["bench_mps.py", "--out", str(tmp_path), "--quick"])
+    with pytest.raises(RuntimeError, match="the second kernel hung"):
+        bench.main()
+    results = json.loads((tmp_path / "mps_bench.json").read_text())
+    assert results["complete"] is False and [r["op"] for r in results["rows"]] == ["quantize_4bit"]
+    assert "| quantize_4bit | [4096, 4096] | Metal kernel | 50.0 |" in (tmp_path / "mps_bench.md").read_text()
