@@ -69,7 +69,19 @@ def machine(run: Run = subprocess.run, system: str | None = None, mac_ver: str |
     chip = _sysctl("machdep.cpu.brand_string", run) or "unknown (sysctl machdep.cpu.brand_string failed)"
     memsize = _sysctl("hw.memsize", run)
     memory = f"{int(memsize) / 2**30:.0f} GiB unified" if memsize and memsize.isdigit() else "unknown"
-    return {"chip": chip, "memory": memory, "macOS": f"{mac_ver or 'unknown'} ({arch})"}
+    return {"chip": chip, "memory": memory, "macOS": f"{mac_ver or 'unknown'} ({arch})", "Metal compiler": _metal(run)}
+
+
+def _metal(run: Run) -> str:
+    """The first line of ``xcrun -sdk macosx metal --version``: what builds the metallib (torch's own
+    compile_shader path does not need it)."""
+    try:
+        done = run(["xcrun", "-sdk", "macosx", "metal", "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"xcrun not found ({type(e).__name__}): install the Xcode command line tools"
+    if done.returncode != 0:
+        return f"xcrun metal failed: {_first_line(done.stderr) or f'exit status {done.returncode}'}"
+    return _first_line(done.stdout) or "no version printed"
 
 
 def versions(run: Run = subprocess.run) -> dict[str, str]:

@@ -23,6 +23,8 @@ def _sysctl(values: dict[str, str]):
 
     def run(cmd, **kwargs):
         calls.append(cmd)
+        if cmd[0] == "xcrun":
+            return subprocess.CompletedProcess(cmd, 0, "Apple metal version 32023.404 (metalfe-32023.404)\n", "")
         name = cmd[-1]
         if name in values:
             return subprocess.CompletedProcess(cmd, 0, values[name] + "\n", "")
@@ -43,6 +45,7 @@ def test_machine_on_a_mac_reads_sysctl():
     info = mac_report.machine(run=run, system="Darwin", mac_ver="14.5")
     assert info["chip"] == "Apple M2 Pro" and info["memory"] == "32 GiB unified"
     assert info["macOS"].startswith("14.5 (")
+    assert info["Metal compiler"] == "Apple metal version 32023.404 (metalfe-32023.404)"
     assert ["sysctl", "-n", "machdep.cpu.brand_string"] in calls
 
 
@@ -53,6 +56,7 @@ def test_machine_on_a_mac_without_sysctl_reports_unknown():
     info = mac_report.machine(run=missing, system="Darwin", mac_ver="15.1")
     assert info["chip"].startswith("unknown (sysctl machdep.cpu.brand_string failed)")
     assert info["memory"] == "unknown"
+    assert info["Metal compiler"].startswith("xcrun not found (FileNotFoundError): install the Xcode")
 
 
 def test_environment_lists_each_variable_set_or_not():
