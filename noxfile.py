@@ -367,7 +367,12 @@ def demo(session: nox.Session) -> None:
     install(session, "torch", "-e", CORE, *CLIENTS, "tqdm", "matplotlib")
     install(session, "./packages/backends-cpu")
     if sys.platform == "darwin":
-        install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
+        try:
+            install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
+        except nox.command.CommandFailed:
+            # The demo still runs on mps without it, every op on the reference kernels (its report says so).
+            session.warn("the MPS backend did not install (building its metallib needs the Xcode command line "
+                         "tools: xcode-select --install); on mps the ops run on the reference kernels")  # fmt: skip
     session.run("python", "examples/demo.py", *session.posargs)
 
 
