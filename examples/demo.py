@@ -108,6 +108,7 @@ def main() -> None:
         start = time.perf_counter()
         with trace_ops() as trace_load:
             model = demo_model.load_4bit(Path(tmp), compute_dtype, device)
+            devices.synchronize(device)
         load_s = time.perf_counter() - start
     layers, linear_fp32, linear_4bit = report.fourbit_weight_bytes(model)
     quantized_bytes = model.get_memory_footprint()
