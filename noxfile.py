@@ -362,10 +362,18 @@ def _cxx_sources() -> list[str]:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: QLoRA on CPU. A small Llama-style model quantized to NF4 through transformers,
-    LoRA adapters trained with bitsandbytes' PagedAdamW8bit on a synthetic task; prints a report."""
+    """The main job: QLoRA, on the CPU unless `-- --device mps|cuda|auto` says otherwise. A small Llama-style
+    model quantized to NF4 through transformers, LoRA adapters trained with bitsandbytes' PagedAdamW8bit on
+    a synthetic task; prints a report. On macOS the MPS backend is installed too (Metal kernels)."""
     install(session, "torch", "-e", CORE, *CLIENTS, "tqdm", "matplotlib")
     install(session, "./packages/backends-cpu")
+    if sys.platform == "darwin":
+        try:
+            install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
+        except nox.command.CommandFailed:
+            # The demo still runs on mps without it, every op on the reference kernels (its report says so).
+            session.warn("the MPS backend did not install (building its metallib needs the Xcode command line "
+                         "tools: xcode-select --install); on mps the ops run on the reference kernels")  # fmt: skip
     session.run("python", "examples/demo.py", *session.posargs)
 
 
@@ -458,29 +466,76 @@ def _require_mps(session: nox.Session) -> None:
         session.error("no Apple Silicon GPU (MPS): torch.backends.mps.is_available() is false")
 
 
+# The one report of a Mac run that tests-mps and bench-mps write (and the script that writes it).
+MPS_REPORT = ROOT / "build" / "mps-report.md"
+MPS_REPORT_SCRIPT = "packages/backends-mps/tests/mac_report.py"
+
+
+def _mps_report(session: nox.Session, *args: str) -> None:
+    """(Re)write MPS_REPORT with what is known; a failure here is shown, never the one that fails the session."""
+    try:
+        session.run("python", MPS_REPORT_SCRIPT, "--out", str(MPS_REPORT), *args)
+    except nox.command.CommandFailed as e:
+        session.warn(f"the Mac report could not be written: {e}")
+
+
 @nox.session(name="tests-mps")
 def tests_mps(session: nox.Session) -> None:
     """On an Apple Silicon Mac (macOS 14+): the MPS backend (built here: the metallib with xcrun, or the
-    wheel named by $BNB_MPS_WHEEL), the diagnostics, its tests including tests/mac on device mps, the
-    conformance suite on device mps, and the core's nn/optim tests on mps."""
+    wheel named by $BNB_MPS_WHEEL), the diagnostics, its tests including tests/mac on device mps (the nn
+    modules and every optimizer on mps), and the conformance suite on device mps. Every step runs even when
+    one fails; then build/mps-report.md (machine, versions, diagnostics, each step's counts and failures)
+    is written, and the session fails if a step did."""
     install(session, "torch", "-e", f"{CORE}[test]")
     install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
     _require_mps(session)
     strict = {"BNB_STRICT_BACKENDS": "1"}
-    session.run("python", "-m", "bitsandbytes", env=strict)  # which load path won, and why
-    session.run("pytest", "packages/backends-mps/tests", *session.posargs, env=strict)
-    session.run("python", "-m", "bitsandbytes.testing", "--device", "mps", "-q", *session.posargs, env=strict)
+    results = Path(session.create_tmp()) / "mps-results"
+    results.mkdir(exist_ok=True)
+    # xunit1 junit files carry each test's file, from which the report rebuilds pytest's node ids.
+    junit = ("-o", "junit_family=xunit1")
+    steps = {
+        "diagnostics": ("python", "-m", "bitsandbytes"),  # which load path won, and why
+        "backend tests": ("pytest", "packages/backends-mps/tests", *junit),
+        "conformance on mps": ("python", "-m", "bitsandbytes.testing", "--device", "mps", "-q", *junit),
+    }
+    status: dict[str, int] = {}
+    try:
+        for name, command in steps.items():
+            xml = results / f"{name.replace(' ', '-')}.xml"
+            xml.unlink(missing_ok=True)  # a stale file from an earlier run would read as this run's
+            args = () if name == "diagnostics" else (f"--junitxml={xml}", *session.posargs)
+            try:
+                session.run(*command, *args, env=strict)
+                status[name] = 0
+            except nox.command.CommandFailed as e:
+                status[name] = getattr(e, "return_code", None) or 1
+    finally:
+        report = [f"--step={name}={status.get(name, 'not run')}" for name in steps]
+        report += [
+            f"--junit={name}={results / (name.replace(' ', '-') + '.xml')}" for name in steps if name != "diagnostics"
+        ]
+        _mps_report(session, *report)
+    failed = [name for name, code in status.items() if code != 0]
+    if failed:
+        session.error(f"failed: {', '.join(failed)} (see {MPS_REPORT})")
 
 
 @nox.session(name="bench-mps")
 def bench_mps(session: nox.Session) -> None:
     """On an Apple Silicon Mac: per op, the Metal kernels vs the reference path on mps vs dense torch on
     mps; GB/s and % of the chip's memory bandwidth. Writes packages/backends-mps/bench/results/mps_bench.md
-    (attach it, with `python -m bitsandbytes`, when reporting numbers)."""
+    and adds the table to build/mps-report.md (with tests-mps' results when that ran first), also when the
+    bench stops midway."""
     install(session, "torch", "-e", CORE)
     install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
     _require_mps(session)
-    session.run("python", "packages/backends-mps/bench/bench_mps.py", *session.posargs)
+    results = ROOT / "packages" / "backends-mps" / "bench" / "results"
+    (results / "mps_bench.json").unlink(missing_ok=True)
+    try:
+        session.run("python", "packages/backends-mps/bench/bench_mps.py", "--out", str(results), *session.posargs)
+    finally:
+        _mps_report(session, f"--bench={results / 'mps_bench.json'}")
 
 
 # The sanitizers `nox -s sanitize` builds the CPU extension and the emulated kernels with.

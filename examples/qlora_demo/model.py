@@ -10,6 +10,7 @@ import peft
 import torch
 import transformers
 
+from . import device as devices
 from .task import BOS, PAD, VOCAB
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -42,17 +43,26 @@ def write_checkpoint(path: Path, hidden: int, layers: int, seed: int) -> int:
 
 
 def load_4bit(path: Path, compute_dtype: torch.dtype, device: str) -> transformers.PreTrainedModel:
-    """The checkpoint quantized at load time: every linear layer but the output one becomes NF4 with
-    double quantization (bitsandbytes.nn.Linear4bit)."""
+    """The checkpoint quantized at load time on ``device``: every linear layer but the output one becomes
+    NF4 with double quantization (bitsandbytes.nn.Linear4bit)."""
     quantization = transformers.BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute_dtype,
     )
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path, quantization_config=quantization, dtype=compute_dtype, device_map=device
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, quantization_config=quantization, dtype=compute_dtype, device_map=devices.device_map(device)
     )
+    placed = placement(model)
+    if placed != {device}:
+        raise RuntimeError(f"asked for the model on {device}, transformers placed it on {sorted(placed)}")
+    return model
+
+
+def placement(model: torch.nn.Module) -> set[str]:
+    """The device types holding the model's parameters and buffers."""
+    return {t.device.type for t in (*model.parameters(), *model.buffers())}
 
 
 def add_lora(model: transformers.PreTrainedModel, rank: int) -> peft.PeftModel:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 import bitsandbytes as bnb
-from bitsandbytes.backends import records
+from bitsandbytes.backends import dispatch, records
 from bitsandbytes.diagnostics.op_trace import OpTrace
 from bitsandbytes.diagnostics.report import table
 
@@ -43,6 +43,18 @@ def is_paged(optimizer: torch.optim.Optimizer) -> bool:
     return any(getattr(v, "is_paged", False) for state in optimizer.state.values() for v in state.values())
 
 
+def paging(optimizer: torch.optim.Optimizer, device: str) -> str:
+    """What paging means for the optimizer state on ``device``: on Apple Silicon the CPU and GPU share one
+    memory, so the mps backend registers plain MPS memory as "paged" and there is nothing to move."""
+    if not is_paged(optimizer):
+        return f"unpaged: no managed memory on {device} (no backend registered it)"
+    if device == "mps":
+        return "paged: unified memory (plain MPS memory, shared by CPU and GPU; nothing to page)"
+    if device == "cuda":
+        return "paged: CUDA managed memory (pages move to the host under memory pressure)"
+    return f"paged: managed memory on {device}"
+
+
 def adamw32_state_bytes(params: list[torch.nn.Parameter]) -> int:
     """What bitsandbytes' 32-bit AdamW holds for the same parameters: measured on copies after one step."""
     copies = [torch.zeros_like(p, requires_grad=True) for p in params]
@@ -60,15 +72,43 @@ def backend_of(op: str, device: str) -> str:
     return "core (pure PyTorch)"
 
 
-def op_lines(trace: OpTrace) -> list[str]:
+def op_lines(trace: OpTrace | None) -> list[str]:
+    if trace is None:
+        return ["  (not traced: the run was too short)"]
     rows = [(r.op, r.device, str(r.calls), r.kernel, backend_of(r.op, r.device)) for r in trace.rows()]
     if not rows:
         return ["  (no bitsandbytes op ran)"]
     return table(("op", "device", "calls", "kernel", "from"), rows)
 
 
-def plot_losses(losses: list[float], path: Path, title: str) -> None:
-    import matplotlib
+# What a backend's own kernels are called on each device type, for the one-line summary.
+NATIVE_NAME = {"mps": "Metal kernels", "cuda": "CUDA kernels", "cpu": "native CPU kernels"}
+
+
+def kernel_summary(*traces: OpTrace | None) -> list[str]:
+    """Per device: which ops ran on the backend's kernels and which on the core's reference (pure PyTorch on
+    that device), over all ``traces``; says so in words, e.g. "mps: ops on Metal kernels: ..."."""
+    by_device: dict[str, dict[str, set[str]]] = {}
+    for trace in filter(None, traces):
+        for r in trace.rows():
+            by_device.setdefault(r.device, {}).setdefault(r.kernel, set()).add(r.op)
+    lines = []
+    for dev, kinds in sorted(by_device.items()):
+        native = NATIVE_NAME.get(dev, f"{dev} backend kernels")
+        native_ops = ", ".join(sorted(kinds.pop(dispatch.NATIVE, ()))) or "none"
+        reference_ops = ", ".join(sorted(kinds.pop(dispatch.REFERENCE, ()))) or "none"
+        parts = [f"ops on {native}: {native_ops}", f"ops on the reference (pure PyTorch on {dev}): {reference_ops}"]
+        parts += [f"{kind}: {', '.join(sorted(ops))}" for kind, ops in sorted(kinds.items())]
+        lines.append(f"  {dev}: " + "; ".join(parts))
+    return lines or ["  (no bitsandbytes op ran)"]
+
+
+def plot_losses(losses: list[float], path: Path, title: str) -> str:
+    """Draw the loss curve to ``path``; returns where it went, or why it was not drawn."""
+    try:
+        import matplotlib
+    except ImportError:
+        return "not drawn: matplotlib is not installed (nox -s demo installs it)"
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
@@ -84,3 +124,4 @@ def plot_losses(losses: list[float], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return str(path)

@@ -8,6 +8,10 @@ GB/s and % of the chip's memory bandwidth. A benchmark, not a test; needs an App
 reference: the table says which); "reference" calls the core's reference kernel directly on mps tensors;
 "dense" is a torch baseline moving comparable bytes (a copy, or the fp16 matmul the op replaces). Times
 are medians of rounds of back-to-back calls, each round ended by one torch.mps.synchronize.
+
+The JSON results are rewritten after every case, so a run that stops midway (a kernel that hangs or
+crashes) leaves what it measured, marked incomplete; ``nox -s bench-mps`` adds them to the Mac report
+(``tests/mac_report.py``).
 """
 
 from __future__ import annotations
@@ -90,13 +94,15 @@ def cases(shape):
     ]  # fmt: skip
 
 
-def run(shapes, peak: float | None) -> list[dict]:
+def run(shapes, peak: float | None, rows: list[dict], saved=lambda: None) -> list[dict]:
+    """Appends one row per case to ``rows`` and calls ``saved()`` after each."""
     from bitsandbytes._reference._registry import REFERENCE
+    from bitsandbytes.diagnostics.op_trace import kernel_kind
 
-    rows = []
     for shape in shapes:
         for op, nbytes, args, dense in cases(shape):
-            row = {"op": op, "shape": list(shape)}
+            # "native": the Metal kernel served "ours"; "reference": it fell back (python -m bitsandbytes says why).
+            row = {"op": op, "shape": list(shape), "kernel": kernel_kind(op, "mps")}
             ours = getattr(torch.ops.bitsandbytes, op)
             for label, fn, fargs in (("ours", ours, args), ("reference", REFERENCE[op], args), ("dense", dense, ())):
                 try:
@@ -107,25 +113,34 @@ def run(shapes, peak: float | None) -> list[dict]:
                 gbps = nbytes / seconds / 1e9
                 row[label] = {"us": seconds * 1e6, "GB/s": gbps, "% peak": 100 * gbps / peak if peak else None}
             rows.append(row)
+            saved()
             print(json.dumps(row))
     return rows
 
 
-def markdown(rows: list[dict], header: dict) -> str:
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of ``rows``: per op and shape, who served "ours" and the times and bandwidth."""
     lines = [
-        f"# bitsandbytes-mps benchmark\n\n{json.dumps(header)}\n",
-        "| op | shape | ours us | ours GB/s | % peak | reference us | dense us |",
-        "|---|---|---|---|---|---|---|",
+        "| op | shape | ours ran on | ours us | ours GB/s | % peak | reference us | dense us |",
+        "|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(v, key):
-        return f"{v[key]:.1f}" if isinstance(v, dict) and v.get(key) is not None else (v if isinstance(v, str) else "")
+        if isinstance(v, dict) and v.get(key) is not None:
+            return f"{v[key]:.1f}"
+        return v.replace("|", "\\|").replace("\n", " ") if isinstance(v, str) else ""
 
     for r in rows:
         o = r.get("ours")
-        lines.append(f"| {r['op']} | {r['shape']} | {cell(o, 'us')} | {cell(o, 'GB/s')} | {cell(o, '% peak')} | "
-                     f"{cell(r.get('reference'), 'us')} | {cell(r.get('dense'), 'us')} |")  # fmt: skip
-    return "\n".join(lines) + "\n"
+        ran = {"native": "Metal kernel", "reference": "reference"}.get(r.get("kernel"), r.get("kernel", "?"))
+        cells = [r["op"], r["shape"], ran, cell(o, "us"), cell(o, "GB/s"), cell(o, "% peak")]
+        cells += [cell(r.get("reference"), "us"), cell(r.get("dense"), "us")]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
+def markdown(rows: list[dict], header: dict) -> str:
+    return f"# bitsandbytes-mps benchmark\n\n{json.dumps(header)}\n\n" + "\n".join(table(rows)) + "\n"
 
 
 def main() -> None:
@@ -143,11 +158,21 @@ def main() -> None:
     peak = args.peak_gbps or PEAK_GBPS.get(name)
     header = {"chip": name, "peak GB/s": peak, "macOS": platform.mac_ver()[0], "torch": torch.__version__,
               "backend": plugin.backend.diagnostics()}  # fmt: skip
-    rows = run(SHAPES[:1] if args.quick else SHAPES, peak)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "mps_bench.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
-    (args.out / "mps_bench.md").write_text(markdown(rows, header))
-    print(f"wrote {args.out / 'mps_bench.md'}")
+    rows: list[dict] = []
+
+    def save(complete: bool = False) -> None:
+        results = {"header": header, "rows": rows, "complete": complete}
+        (args.out / "mps_bench.json").write_text(json.dumps(results, indent=1))
+
+    complete = False
+    try:
+        run(SHAPES[:1] if args.quick else SHAPES, peak, rows, save)
+        complete = True
+    finally:
+        save(complete)
+        (args.out / "mps_bench.md").write_text(markdown(rows, header))
+        print(f"wrote {args.out / 'mps_bench.md'}" + ("" if complete else " (incomplete)"))
 
 
 if __name__ == "__main__":
