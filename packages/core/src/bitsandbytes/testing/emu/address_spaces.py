@@ -11,10 +11,12 @@ address spaces in C++).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from .errors import EmulationCompileError, EmulationError
@@ -39,18 +41,29 @@ class MetalAddressSpaceError(EmulationCompileError):
     ``stderr`` holds clang's diagnostic, in MSL's terms."""
 
 
-def find_clang() -> str | None:
-    """$BNB_EMU_CLANG, else clang++ on PATH; None when there is none."""
+def find_clang() -> list[str] | None:
+    """The clang command: $BNB_EMU_CLANG, else clang++ on PATH, else the clang inside PyPI's ``ziglang``
+    wheel (``python -m ziglang clang``: pip installs it where no system clang is, as the nox sessions do);
+    None when there is none."""
     env = os.environ.get("BNB_EMU_CLANG")
     if env:
-        return shutil.which(env) or (env if Path(env).is_file() else None)
-    return shutil.which("clang++")
+        found = shutil.which(env) or (env if Path(env).is_file() else None)
+        return [found] if found else None
+    system = shutil.which("clang++")
+    if system:
+        return [system]
+    if importlib.util.find_spec("ziglang") is not None:
+        return [sys.executable, "-m", "ziglang", "clang"]
+    return None
 
 
 def clang_unavailable_reason() -> str | None:
     """Why the address-space check cannot run here (naming what is missing), or None."""
     if find_clang() is None:
-        return f"the Metal address-space check needs {NEED_CLANG}; none found (install clang or set BNB_EMU_CLANG)"
+        return (
+            f"the Metal address-space check needs {NEED_CLANG}; none found (install clang or the ziglang "
+            "wheel, or set BNB_EMU_CLANG)"
+        )
     return None
 
 
@@ -103,7 +116,7 @@ def check_metal_address_spaces(source: str | os.PathLike, filename: str | None =
     body = _VECTOR_CALL.sub(lambda m: f"bnb_emu_as_vector<{m.group(1)}>(", body)
     escaped = filename.replace("\\", "\\\\").replace('"', '\\"')
     unit = f'#line 1 "{escaped}"\n{body}\n'
-    cmd = [clang, "-x", "c++", "-std=c++17", "-fsyntax-only", "-ferror-limit=50", "-Wno-unused-value"]
+    cmd = [*clang, "-x", "c++", "-std=c++17", "-fsyntax-only", "-ferror-limit=50", "-Wno-unused-value"]
     cmd += ["-Wno-ignored-attributes", "-I", str(INCLUDE), "-include", "bnb_emu/metal_as.h"]
     for d in dirs:
         cmd += ["-I", d]
