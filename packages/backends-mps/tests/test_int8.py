@@ -59,7 +59,8 @@ def test_vectorwise_quant_ties_round_to_even(emulated):
     _same(codes, reference.int8_vectorwise_quant(A)[0])
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (5, 37), (2, 3, 20)])
+# (700, 5): narrow rows stacked 51 to a group, the last group short in y; (3, 300): a short group in x.
+@pytest.mark.parametrize("shape", [(1, 1), (5, 37), (2, 3, 20), (700, 5), (3, 300)])
 def test_vectorwise_dequant_matches_reference(emulated, shape):
     A = torch.randint(-127, 128, shape, dtype=torch.int8)
     stats = torch.rand(A.numel() // shape[-1]) * 10
@@ -68,10 +69,11 @@ def test_vectorwise_dequant_matches_reference(emulated, shape):
 
 @pytest.mark.parametrize("dtype", [None, *DTYPES], ids=str)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_mm_dequant_matches_reference(emulated, dtype, with_bias):
-    A = torch.randint(-(2**20), 2**20, (9, 33), dtype=torch.int32)
-    rows, cols = torch.rand(9) * 5, torch.rand(33) * 5
-    bias = torch.randn(33).to(dtype or torch.float16) if with_bias else None
+@pytest.mark.parametrize("shape", [(9, 33), (600, 3), (2, 513)])
+def test_mm_dequant_matches_reference(emulated, dtype, with_bias, shape):
+    A = torch.randint(-(2**20), 2**20, shape, dtype=torch.int32)
+    rows, cols = torch.rand(shape[0]) * 5, torch.rand(shape[1]) * 5
+    bias = torch.randn(shape[1]).to(dtype or torch.float16) if with_bias else None
     got = mps.int8_mm_dequant(A, rows, cols, dtype=dtype, bias=bias)
     _same(got, reference.int8_mm_dequant(A, rows, cols, dtype=dtype, bias=bias))
 

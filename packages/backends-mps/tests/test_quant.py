@@ -242,6 +242,17 @@ def test_blockwise_unsigned_and_linear_maps():
     check_blockwise(A, torch.linspace(-1, 1, 256), 64)
 
 
+@pytest.mark.parametrize("nan_at", [0, 5, 200, 255])
+def test_blockwise_map_with_a_nan_entry(code, nan_at):
+    """A NaN map entry sorts after every number, and the NaN midpoints next to it are searched as the
+    reference's bucketize searches them (it goes right at a NaN boundary): the same codes."""
+    with_nan = code.clone()
+    with_nan[nan_at] = float("nan")
+    A = randn((16 * 256 + 77,), torch.float32, seed_of("nan map", nan_at))
+    A[7] = float("nan")
+    check_blockwise(A, with_nan, 256)
+
+
 def test_prepared_map_is_the_reference_sort(code):
     g = torch.Generator().manual_seed(3)
     shuffled = code[torch.randperm(256, generator=g)].contiguous()

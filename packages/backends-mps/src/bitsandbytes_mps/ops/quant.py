@@ -65,9 +65,11 @@ def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:
 
 
 def dequantize_geometry(n: int) -> tuple[int, int]:
-    """(threads, group_size) of a dequantizer: DEQUANT_ITEMS consecutive values per thread (n > 0)."""
-    threads = _checks.n_blocks(n, DEQUANT_ITEMS)
-    return threads, min(threads, DEQUANT_THREADS)
+    """(threads, group_size) of a dequantizer: DEQUANT_ITEMS consecutive values per thread (n > 0), in whole
+    threadgroups of DEQUANT_THREADS (a uniform grid: dequantize_blockwise copies its map with a stride of
+    the threadgroup size, which a partial edge threadgroup would make Metal's choice; the threads past n
+    return)."""
+    return _checks.n_blocks(_checks.n_blocks(n, DEQUANT_ITEMS), DEQUANT_THREADS) * DEQUANT_THREADS, DEQUANT_THREADS
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ FLOATS = {"f32": "float", "f16": "half", "bf16": "bfloat"}
 KERNELS = [
     Kernel("int8_vectorwise_dequant", "int8.metal", (
         ("A", "device const char*"), ("stats", "device const float*"), ("out", "device float*"),
-        ("scale", "constant float&"), ("cols", "constant long&"), ("n", "constant long&"))),
+        ("scale", "constant float&"), ("rows", "constant long&"), ("cols", "constant long&"))),
 ]  # fmt: skip
 for sfx, t in FLOATS.items():
     KERNELS += [
@@ -24,5 +24,5 @@ for sfx, t in FLOATS.items():
         Kernel(f"int8_mm_dequant_{sfx}", "int8.metal", (
             ("A", "device const int*"), ("row_stats", "device const float*"), ("col_stats", "device const float*"),
             ("bias", "device const float*"), ("has_bias", "constant long&"), ("out", f"device {t}*"),
-            ("scale", "constant float&"), ("cols", "constant long&"), ("n", "constant long&"))),
+            ("scale", "constant float&"), ("rows", "constant long&"), ("cols", "constant long&"))),
     ]  # fmt: skip
