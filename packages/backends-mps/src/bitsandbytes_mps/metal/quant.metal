@@ -177,7 +177,7 @@ template <typename T>
   for (int k = 0; k < BNB_QUANT_ITEMS; ++k) m = max(m, magnitude_bits(v[k]));
   const float amax = magnitude_to_absmax(group_max(m, p.group, lid, sg, lane, scratch));
   if (p.i >= n) return;  // after the last barrier (past the last block too: its start is >= n)
-  if (lid % p.group == 0) absmax[p.block] = amax;
+  if ((lid & (p.group - 1u)) == 0) absmax[p.block] = amax;  // the block's first thread
 
   const BlockScale scale(amax, p.start + blocksize <= n);
   for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k) out[p.i + k] = order[slot256(mids, scale(v[k]))];
@@ -247,7 +247,7 @@ template <typename T, int QT>
   for (int k = 0; k < BNB_QUANT_ITEMS; ++k) m = max(m, magnitude_bits(v[k]));
   const float amax = magnitude_to_absmax(group_max(m, p.group, lid, sg, lane, scratch));
   if (p.i >= n) return;  // after the last barrier (past the last block too: its start is >= n)
-  if (lid % p.group == 0) absmax[p.block] = amax;
+  if ((lid & (p.group - 1u)) == 0) absmax[p.block] = amax;  // the block's first thread
 
   const BlockScale scale(amax, p.start + blocksize <= n);
   const uint pad = QT == 1 ? FP4_PAD_CODE : NF4_PAD_CODE;

@@ -37,6 +37,7 @@ from ..tables.quant import (
     GEMV_FEATURES,
     GEMV_ROWS,
     GEMV_THREADS,
+    MAP_THREADS,
     QUANT_ITEMS,
     QUANT_MIN_THREADS,
 )
@@ -84,7 +85,7 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 8-bit map's float32 midpoints in value order (256; the last unused) and each sorted slot's code."""
     mids = torch.empty(256, dtype=torch.float32, device=code.device)
     order = torch.empty(256, dtype=torch.uint8, device=code.device)
-    library.dispatch("quant_map_prepare", code.contiguous(), mids, order, threads=256, group_size=256)
+    library.dispatch("quant_map_prepare", code.contiguous(), mids, order, threads=MAP_THREADS, group_size=MAP_THREADS)
     return mids, order
 
 
