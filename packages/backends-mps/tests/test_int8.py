@@ -91,3 +91,24 @@ def test_bad_arguments_raise_the_core_errors(emulated):
         mps.int8_vectorwise_quant(torch.ones(2, 2, dtype=torch.int32))
     with pytest.raises((TypeError, ValueError), match="stats"):
         mps.int8_vectorwise_dequant(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
+
+
+@pytest.mark.parametrize("op", ["vectorwise", "mm"])
+def test_dequant_launches_stay_within_32_bit_indices(emulated, monkeypatch, op):
+    """The dequantizers index with 32 bits: a matrix of more elements than the launch limit goes to the
+    reference (here with the limit lowered to 50 elements), one within it to the kernel."""
+    from bitsandbytes_mps.ops import _common
+
+    launched = []
+    real = mps.dispatch
+    monkeypatch.setattr(mps, "dispatch", lambda name, *a, **k: launched.append(name) or real(name, *a, **k))
+    monkeypatch.setattr(_common, "MAX_THREADS", 50)
+    for rows, cols, native in ((8, 6, True), (10, 6, False)):
+        launched.clear()
+        if op == "vectorwise":
+            A, stats = torch.randint(-127, 128, (rows, cols), dtype=torch.int8), torch.rand(rows)
+            _same(mps.int8_vectorwise_dequant(A, stats), reference.int8_vectorwise_dequant(A, stats))
+        else:
+            A, rs, cs = torch.randint(-999, 999, (rows, cols), dtype=torch.int32), torch.rand(rows), torch.rand(cols)
+            _same(mps.int8_mm_dequant(A, rs, cs), reference.int8_mm_dequant(A, rs, cs))
+        assert bool(launched) == native, (rows, cols, launched)
