@@ -48,6 +48,7 @@ constant constexpr int hNormC2 = 17;       // norm pass: 1 - beta2^t
 constant constexpr int cRule = 0, cFlags = 1, cN = 2;
 
 inline float div_rn(float a, float b) { return precise::divide(a, b); }
+inline float sqrt_rn(float a) { return precise::sqrt(a); }
 
 // NaN and zero are decided on the bits, and no NaN reaches a float comparison whose result matters: fast
 // math (PYTORCH_MPS_FAST_MATH=1) lets the compiler assume there is none.
@@ -62,7 +63,6 @@ inline float sign_or_nan(float d) {
   if (magnitude == 0u) return 0.0f;
   return as_type<int>(d) < 0 ? -1.0f : 1.0f;
 }
-inline float sqrt_rn(float a) { return precise::sqrt(a); }
 
 inline int n_states(int rule) { return rule == kAdemamix ? 3 : (rule == kAdam ? 2 : 1); }
 
