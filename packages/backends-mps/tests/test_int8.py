@@ -44,6 +44,9 @@ def test_vectorwise_quant_special_rows(emulated, dtype):
     A[3, 5] = 1e-40 if dtype == torch.float32 else 0  # a subnormal in an otherwise tiny row
     A[3] = A[3] * 1e-30 if dtype == torch.float32 else A[3]
     A[4, 0] = 4.0  # exactly at the threshold: an outlier
+    if dtype == torch.float32:  # a subnormal absmax: 127 / absmax overflows, codes are 0 (zeros) and +-127
+        A[5] = torch.linspace(-1, 1, 40) * 2e-39
+        A[5, ::3] = 0.0
     for threshold in (0.0, 4.0):
         got = mps.int8_vectorwise_quant(A, threshold)
         want = reference.int8_vectorwise_quant(A, threshold)

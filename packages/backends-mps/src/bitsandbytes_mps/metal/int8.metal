@@ -18,14 +18,18 @@ inline uint magnitude_bits(float x) { return as_type<uint>(x) & 0x7fffffffu; }
 // The reference's |a| >= thr (thr >= 0 as its bits): false for NaN, true for inf.
 inline bool at_least(uint magnitude, uint thr_bits) { return magnitude >= thr_bits && magnitude <= kInfBits; }
 
-// The reference's code: round-half-even(x * scale), NaN (0 * inf of an all-zero row) -> 0, clamped to
-// +-127 (inf included). Below 127 in magnitude rint stays within the int8 range.
+// The reference's code of a nonzero inlier a of a row whose absmax is finite and nonzero: v = a * scale
+// rounded half to even and clamped to +-127. v is never NaN there; it is +-inf when 127 / absmax
+// overflows (a subnormal absmax), which the clamp takes to +-127. Below 127 in magnitude rint stays within
+// the int8 range. Every other code is 0 (codes_are_zero and the caller): the reference's NaN -> 0 for a
+// NaN, for 0 * inf (an all-zero row) and for inf * 0 (an inf absmax), and round(0 * scale) = 0.
 inline char to_code(float v) {
-  const uint magnitude = magnitude_bits(v);
-  if (magnitude > kInfBits) return char(0);
-  if (magnitude >= k127Bits) return as_type<int>(v) < 0 ? char(-127) : char(127);
+  if (magnitude_bits(v) >= k127Bits) return as_type<int>(v) < 0 ? char(-127) : char(127);
   return char(rint(v));
 }
+
+// Whether every code of a row is 0, from its absmax's bits: 0, inf or NaN (see to_code).
+inline bool codes_are_zero(uint absmax_bits) { return absmax_bits == 0u || absmax_bits >= kInfBits; }
 
 }  // namespace bnb_int8
 
@@ -80,12 +84,16 @@ template <typename T>
   const float amax = as_type<float>(total > bnb_int8::kInfBits ? bnb_int8::kQuietNanBits : total);
   if (lid == 0) stats[row] = amax;
 
-  // reciprocal first, then * 127: the reference's (and upstream's) order, for identical codes.
+  // reciprocal first, then * 127: the reference's (and upstream's) order, for identical codes. Which codes
+  // are 0 is decided on the bits of the loaded values and of the absmax, never on a computed NaN (fast
+  // math lets the compiler assume there is none).
   const float scale = precise::divide(1.0f, amax) * 127.0f;
+  const bool all_zero = bnb_int8::codes_are_zero(total);
   for (long i = lid; i < cols; i += group_len) {
     const float v = float(a[i]);
     const bool out = drop && flags[i] != 0;  // |v| >= thr flagged its own column
-    q[i] = out ? char(0) : bnb_int8::to_code(v * scale);
+    const bool zero = out || all_zero || bnb_int8::magnitude_bits(v) == 0u;
+    q[i] = zero ? char(0) : bnb_int8::to_code(v * scale);
   }
 }
 

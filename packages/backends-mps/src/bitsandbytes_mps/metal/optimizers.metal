@@ -276,8 +276,10 @@ inline void build_map(device const float* qmap, threadgroup float* values, threa
   order[rank] = uchar(t);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (t < kBlock - 1) {
-    const float mid = (sorted[t] + sorted[t + 1]) * 0.5f;
-    mids[t] = nan_bits(mid) ? as_type<float>(0xff800000u) : mid;
+    const float lo = sorted[t], hi = sorted[t + 1];
+    // lo + hi is NaN for a NaN or for -inf + inf (lo <= hi): decided on the bits, not on a computed NaN.
+    const bool nan_mid = nan_bits(lo) || nan_bits(hi) || (as_type<uint>(lo) == 0xff800000u && as_type<uint>(hi) == kInfBits);
+    mids[t] = nan_mid ? as_type<float>(0xff800000u) : (lo + hi) * 0.5f;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }

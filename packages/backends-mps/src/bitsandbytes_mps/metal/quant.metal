@@ -38,6 +38,11 @@ static_assert(BNB_FIRST_VALUE_IN_HIGH_NIBBLE == 1, "the packing below puts the f
 
 inline bool nan_bits(float x) { return (as_type<uint>(x) & 0x7fffffffu) > 0x7f800000u; }
 
+// Whether lo + hi (lo <= hi in the map's order) is NaN, from their bits: a NaN, or -inf + inf.
+inline bool nan_sum(float lo, float hi) {
+  return nan_bits(lo) || nan_bits(hi) || (as_type<uint>(lo) == 0xff800000u && as_type<uint>(hi) == 0x7f800000u);
+}
+
 // |x| as uint bits: ordered like |x| for numbers, inf above them and every NaN above inf.
 inline uint magnitude_bits(float x) { return as_type<uint>(x) & 0x7fffffffu; }
 
@@ -63,19 +68,29 @@ inline uint group_max(uint m, uint group, uint lid, uint sg, uint lane, threadgr
 }
 
 // Scaling into [-1, 1] as the reference: a full block multiplies by the reciprocal of max(absmax,
-// MIN_SCALE), the short last block divides by it. NaN stays NaN. MIN_SCALE is subnormal, so "absmax <
-// MIN_SCALE" (0 for an all-zero block) is decided on the bits and its reciprocal is a generated (normal)
-// constant: a GPU that flushes subnormals would otherwise see 0 < 0 and scale zeros by 1 / 0.
+// MIN_SCALE), the short last block divides by it. MIN_SCALE is subnormal, so "absmax < MIN_SCALE" (0 for
+// an all-zero block) is decided on the bits and its reciprocal is a generated (normal) constant: a GPU
+// that flushes subnormals would otherwise see 0 < 0 and scale zeros by 1 / 0.
+// Which values scale to NaN is read off the bits of the block's absmax and of the value (to_nan): a NaN
+// absmax (a NaN in the block), or a value that is inf or NaN (its block's absmax is then inf or NaN: inf /
+// inf). So the NaN code is chosen on loaded bits, never on the bits of a computed NaN, which fast math lets
+// the compiler assume away. In a block whose absmax is inf, a finite value scales to 0 (x / inf).
 struct BlockScale {
   float clamped, inv;
-  bool full, tiny;
+  bool full, tiny, nan_block, inf_block;
   BlockScale(float absmax, bool full_block) {
-    tiny = magnitude_bits(absmax) < BNB_MIN_SCALE_BITS;
+    const uint a = magnitude_bits(absmax);
+    tiny = a < BNB_MIN_SCALE_BITS;
+    nan_block = a > 0x7f800000u;
+    inf_block = a == 0x7f800000u;
     clamped = tiny ? BNB_MIN_SCALE : absmax;
     inv = tiny ? BNB_INV_MIN_SCALE : precise::divide(1.0f, absmax);
     full = full_block;
   }
+  bool to_nan(float x) const { return nan_block || magnitude_bits(x) >= 0x7f800000u; }
+  // x scaled, for an x that does not scale to NaN.
   float operator()(float x) const {
+    if (inf_block) return 0.0f;  // +-0: one code
     if (full) return x * inv;
     return (tiny && magnitude_bits(x) == 0u) ? x : precise::divide(x, clamped);  // +-0 / MIN_SCALE is +-0
   }
@@ -132,15 +147,19 @@ inline bool sorts_before(float a, float b) { return !nan_bits(a) && (nan_bits(b)
   sorted[rank] = c;
   order[rank] = uchar(i);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  const float mid = i < 255 ? (sorted[i] + sorted[i + 1]) / 2.0f : as_type<float>(0x7f800000u);
-  mids[i] = nan_bits(mid) ? as_type<float>(0xff800000u) : mid;
+  if (i == 255) {
+    mids[i] = as_type<float>(0x7f800000u);
+  } else {
+    const float lo = sorted[i], hi = sorted[i + 1];
+    mids[i] = nan_sum(lo, hi) ? as_type<float>(0xff800000u) : (lo + hi) / 2.0f;
+  }
 }
 
-// Slot of the scaled value s in the sorted map: how many of the 255 midpoints are < clamp(s, -1, 1) (the
-// reference's bucketize), by a branchless binary search over the sorted midpoints; NaN takes the last
-// slot (the largest map value), decided before the clamp.
+// Slot of the scaled value s (not NaN) in the sorted map: how many of the 255 midpoints are < clamp(s, -1,
+// 1) (the reference's bucketize), by a branchless binary search over the sorted midpoints. A value that
+// scales to NaN takes the last slot (the largest map value): kNanSlot.
+constant constexpr uint kNanSlot = 255u;
 inline uint slot256(threadgroup const float* mids, float s) {
-  if (nan_bits(s)) return 255u;
   s = clamp_unit(s);
   uint j = 0;
   for (uint step = 128; step > 0; step >>= 1) j += s > mids[j + step - 1] ? step : 0u;
@@ -180,7 +199,8 @@ template <typename T>
   if ((lid & (p.group - 1u)) == 0) absmax[p.block] = amax;  // the block's first thread
 
   const BlockScale scale(amax, p.start + blocksize <= n);
-  for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k) out[p.i + k] = order[slot256(mids, scale(v[k]))];
+  for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k)
+    out[p.i + k] = order[scale.to_nan(v[k]) ? kNanSlot : slot256(mids, scale(v[k]))];
 }
 
 // out[i] = code[A[i]] * absmax[i / blocksize] in float32, rounded once to T. A thread writes
@@ -215,12 +235,16 @@ inline float value4(uint c) {
   return QT == 1 ? FP4_TABLE[c] : NF4_TABLE[c];
 }
 
-// The code of scaled value s: how many of the 15 midpoints are < s (NaN: all of them), then that
-// slot's code. Fifteen compares against constants: no search, no divergence. No clamp needed: every
-// midpoint lies strictly inside [-1, 1].
+// The code of scaled value s (not NaN): how many of the 15 midpoints are < s, then that slot's code.
+// Fifteen compares against constants: no search, no divergence. No clamp needed: every midpoint lies
+// strictly inside [-1, 1]. A value that scales to NaN is above all of them: code4_nan.
+template <int QT>
+inline uint code4_nan() {
+  return QT == 1 ? FP4_ORDER[15] : NF4_ORDER[15];
+}
+
 template <int QT>
 inline uint code4(float s) {
-  if (nan_bits(s)) return QT == 1 ? FP4_ORDER[15] : NF4_ORDER[15];
   uint slot = 0;
   for (int i = 0; i < 15; ++i) slot += s > (QT == 1 ? FP4_MIDPOINTS[i] : NF4_MIDPOINTS[i]) ? 1u : 0u;
   return QT == 1 ? FP4_ORDER[slot] : NF4_ORDER[slot];
@@ -252,9 +276,9 @@ template <typename T, int QT>
   const BlockScale scale(amax, p.start + blocksize <= n);
   const uint pad = QT == 1 ? FP4_PAD_CODE : NF4_PAD_CODE;
   for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; k += 2) {
-    const uint hi = code4<QT>(scale(v[k]));
+    const uint hi = scale.to_nan(v[k]) ? code4_nan<QT>() : code4<QT>(scale(v[k]));
     // The padding value is 0.0 after scaling: its code is fixed, even in a NaN block.
-    const uint lo = p.i + k + 1 < n ? code4<QT>(scale(v[k + 1])) : pad;
+    const uint lo = p.i + k + 1 >= n ? pad : (scale.to_nan(v[k + 1]) ? code4_nan<QT>() : code4<QT>(scale(v[k + 1])));
     out[(p.i + k) >> 1] = uchar((hi << 4) | lo);
   }
 }
