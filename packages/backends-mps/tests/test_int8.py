@@ -44,6 +44,9 @@ def test_vectorwise_quant_special_rows(emulated, dtype):
     A[3, 5] = 1e-40 if dtype == torch.float32 else 0  # a subnormal in an otherwise tiny row
     A[3] = A[3] * 1e-30 if dtype == torch.float32 else A[3]
     A[4, 0] = 4.0  # exactly at the threshold: an outlier
+    if dtype == torch.float32:  # a subnormal absmax: 127 / absmax overflows, codes are 0 (zeros) and +-127
+        A[5] = torch.linspace(-1, 1, 40) * 2e-39
+        A[5, ::3] = 0.0
     for threshold in (0.0, 4.0):
         got = mps.int8_vectorwise_quant(A, threshold)
         want = reference.int8_vectorwise_quant(A, threshold)
@@ -59,7 +62,8 @@ def test_vectorwise_quant_ties_round_to_even(emulated):
     _same(codes, reference.int8_vectorwise_quant(A)[0])
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (5, 37), (2, 3, 20)])
+# (700, 5): narrow rows stacked 51 to a group, the last group short in y; (3, 300): a short group in x.
+@pytest.mark.parametrize("shape", [(1, 1), (5, 37), (2, 3, 20), (700, 5), (3, 300)])
 def test_vectorwise_dequant_matches_reference(emulated, shape):
     A = torch.randint(-127, 128, shape, dtype=torch.int8)
     stats = torch.rand(A.numel() // shape[-1]) * 10
@@ -68,10 +72,11 @@ def test_vectorwise_dequant_matches_reference(emulated, shape):
 
 @pytest.mark.parametrize("dtype", [None, *DTYPES], ids=str)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_mm_dequant_matches_reference(emulated, dtype, with_bias):
-    A = torch.randint(-(2**20), 2**20, (9, 33), dtype=torch.int32)
-    rows, cols = torch.rand(9) * 5, torch.rand(33) * 5
-    bias = torch.randn(33).to(dtype or torch.float16) if with_bias else None
+@pytest.mark.parametrize("shape", [(9, 33), (600, 3), (2, 513)])
+def test_mm_dequant_matches_reference(emulated, dtype, with_bias, shape):
+    A = torch.randint(-(2**20), 2**20, shape, dtype=torch.int32)
+    rows, cols = torch.rand(shape[0]) * 5, torch.rand(shape[1]) * 5
+    bias = torch.randn(shape[1]).to(dtype or torch.float16) if with_bias else None
     got = mps.int8_mm_dequant(A, rows, cols, dtype=dtype, bias=bias)
     _same(got, reference.int8_mm_dequant(A, rows, cols, dtype=dtype, bias=bias))
 
@@ -89,3 +94,24 @@ def test_bad_arguments_raise_the_core_errors(emulated):
         mps.int8_vectorwise_quant(torch.ones(2, 2, dtype=torch.int32))
     with pytest.raises((TypeError, ValueError), match="stats"):
         mps.int8_vectorwise_dequant(torch.ones(2, 2, dtype=torch.int8), torch.ones(3))
+
+
+@pytest.mark.parametrize("op", ["vectorwise", "mm"])
+def test_dequant_launches_stay_within_32_bit_indices(emulated, monkeypatch, op):
+    """The dequantizers index with 32 bits: a matrix of more elements than the launch limit goes to the
+    reference (here with the limit lowered to 50 elements), one within it to the kernel."""
+    from bitsandbytes_mps.ops import _common
+
+    launched = []
+    real = mps.dispatch
+    monkeypatch.setattr(mps, "dispatch", lambda name, *a, **k: launched.append(name) or real(name, *a, **k))
+    monkeypatch.setattr(_common, "MAX_THREADS", 50)
+    for rows, cols, native in ((8, 6, True), (10, 6, False)):
+        launched.clear()
+        if op == "vectorwise":
+            A, stats = torch.randint(-127, 128, (rows, cols), dtype=torch.int8), torch.rand(rows)
+            _same(mps.int8_vectorwise_dequant(A, stats), reference.int8_vectorwise_dequant(A, stats))
+        else:
+            A, rs, cs = torch.randint(-999, 999, (rows, cols), dtype=torch.int32), torch.rand(rows), torch.rand(cols)
+            _same(mps.int8_mm_dequant(A, rs, cs), reference.int8_mm_dequant(A, rs, cs))
+        assert bool(launched) == native, (rows, cols, launched)

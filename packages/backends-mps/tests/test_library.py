@@ -254,20 +254,20 @@ def test_diagnostics_list_absent_bfloat_kernels(mac):
 
 def _dequant_args(**change):
     args = {"A": torch.ones(2, 3, dtype=torch.int8), "stats": torch.ones(2), "out": torch.empty(2, 3),
-            "scale": 0.5, "cols": 3, "n": 6}  # fmt: skip
+            "scale": 0.5, "rows": 2, "cols": 3}  # fmt: skip
     args.update(change)
     return list(args.values())
 
 
 def test_dispatch_runs_the_kernel(emulated):
     args = _dequant_args()
-    library.dispatch("int8_vectorwise_dequant", *args, threads=6, group_size=4)
+    library.dispatch("int8_vectorwise_dequant", *args, threads=(3, 2), group_size=(2, 1))
     torch.testing.assert_close(args[2], torch.full((2, 3), 0.5), rtol=0, atol=0)
 
 
 def test_dispatch_binds_an_int_given_for_a_float_as_a_float(emulated):
     args = _dequant_args(scale=2)
-    library.dispatch("int8_vectorwise_dequant", *args, threads=6, group_size=6)
+    library.dispatch("int8_vectorwise_dequant", *args, threads=(3, 2), group_size=(3, 2))
     torch.testing.assert_close(args[2], torch.full((2, 3), 2.0), rtol=0, atol=0)
 
 
@@ -278,15 +278,15 @@ def test_dispatch_binds_an_int_given_for_a_float_as_a_float(emulated):
         ({"stats": torch.ones(2, dtype=torch.float16)}, TypeError, "argument 1 (device const float* stats)"),
         ({"out": torch.empty(3, 2).t()}, ValueError, "argument 2 (out) must be contiguous"),
         ({"stats": torch.ones(0)}, ValueError, "argument 1 (stats) is empty"),
-        ({"cols": 3.0}, TypeError, "argument 4 (constant long& cols) must be a Python int"),
-        ({"n": True}, TypeError, "argument 5 (constant long& n) must be a Python int"),
+        ({"rows": 2.0}, TypeError, "argument 4 (constant long& rows) must be a Python int"),
+        ({"cols": True}, TypeError, "argument 5 (constant long& cols) must be a Python int"),
         ({"scale": torch.tensor(1.0)}, TypeError, "argument 3 (constant float& scale) must be a Python float"),
-        ({"n": 2**63}, ValueError, "argument 5 (constant long& n) is out of range"),
+        ({"cols": 2**63}, ValueError, "argument 5 (constant long& cols) is out of range"),
     ],
 )
 def test_dispatch_checks_arguments_against_the_table(emulated, change, error, message):
     with pytest.raises(error, match=__import__("re").escape(message)):
-        library.dispatch("int8_vectorwise_dequant", *_dequant_args(**change), threads=6, group_size=6)
+        library.dispatch("int8_vectorwise_dequant", *_dequant_args(**change), threads=(3, 2), group_size=(3, 2))
 
 
 def test_dispatch_checks_count_and_launch_sizes(emulated):

@@ -158,7 +158,7 @@ def test_4bit_constants_are_the_formats(quant_type):
 
 def test_table_matches_the_kernel_signatures():
     parsed = parse_kernels(source_text(), table.SOURCE)
-    assert {k.name: k.params for k in table.KERNELS} == parsed
+    assert {k.name: k for k in table.KERNELS} == parsed
 
 
 def test_geometry_constants_match_the_kernel_source():
@@ -240,6 +240,17 @@ def test_blockwise_unsigned_and_linear_maps():
     A = randn((2 * 64 + 3,), torch.float16, seed_of("maps"))
     check_blockwise(A.abs(), functional.create_dynamic_map(signed=False).float(), 64)
     check_blockwise(A, torch.linspace(-1, 1, 256), 64)
+
+
+@pytest.mark.parametrize("nan_at", [0, 5, 200, 255])
+def test_blockwise_map_with_a_nan_entry(code, nan_at):
+    """A NaN map entry sorts after every number, and the NaN midpoints next to it are searched as the
+    reference's bucketize searches them (it goes right at a NaN boundary): the same codes."""
+    with_nan = code.clone()
+    with_nan[nan_at] = float("nan")
+    A = randn((16 * 256 + 77,), torch.float32, seed_of("nan map", nan_at))
+    A[7] = float("nan")
+    check_blockwise(A, with_nan, 256)
 
 
 def test_prepared_map_is_the_reference_sort(code):

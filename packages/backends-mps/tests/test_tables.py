@@ -1,4 +1,5 @@
-"""The kernel tables against the Metal sources: names, argument names, types and binding order agree."""
+"""The kernel tables against the Metal sources: names, argument names, types, binding order and each
+kernel's declared thread limit agree."""
 
 from __future__ import annotations
 
@@ -15,9 +16,15 @@ def test_every_table_kernel_matches_its_source_signature():
         parsed = parse_kernels(_assemble.source_path(source).read_text(), source)
         for k in kernels:
             assert k.name in parsed, f"{k.name} is in the tables but {source} exports no such kernel"
-            assert parsed[k.name] == k.params, (
-                f"{k.name}: table {[str(p) for p in k.params]} != {source} {[str(p) for p in parsed[k.name]]}"
+            got = parsed[k.name]
+            assert got.params == k.params, (
+                f"{k.name}: table {[str(p) for p in k.params]} != {source} {[str(p) for p in got.params]}"
             )
+            assert got.max_threads == k.max_threads, (
+                f"{k.name}: table max_threads {k.max_threads} != {source}'s "
+                f"[[max_total_threads_per_threadgroup({got.max_threads})]]"
+            )
+            assert got == k
 
 
 def test_every_source_kernel_is_in_the_tables():
@@ -58,22 +65,28 @@ SOURCE = """
 #include <metal_stdlib>
 using namespace metal;
 template <typename T>
-kernel void scale(device const T* x [[buffer(0)]], constant float& s [[buffer(1)]], device T* y [[buffer(2)]],
-                  uint i [[thread_position_in_grid]]) { y[i] = T(float(x[i]) * s); }
+[[max_total_threads_per_threadgroup(128)]] kernel void scale(device const T* x [[buffer(0)]],
+    constant float& s [[buffer(1)]], device T* y [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  y[i] = T(float(x[i]) * s);
+}
 template [[host_name("scale_f16")]] kernel void scale<half>(device const half* x [[buffer(0)]],
     constant float& s [[buffer(1)]], device half* y [[buffer(2)]], uint i [[thread_position_in_grid]]);
-kernel void plain(device float* out, constant long& n, uint i [[thread_position_in_grid]]) {}
+[[kernel, max_total_threads_per_threadgroup(1024)]] void plain(device float* out, constant long& n,
+    uint i [[thread_position_in_grid]]) {}
 """
 
 
 def test_parse_kernels_reads_templates_instances_and_plain_kernels():
     parsed = parse_kernels(SOURCE)
-    assert parsed["scale_f16"] == (
+    assert parsed["scale_f16"].params == (
         Param("x", "device const half*"),
         Param("s", "constant float&"),
         Param("y", "device half*"),
     )
-    assert parsed["plain"] == (Param("out", "device float*"), Param("n", "constant long&"))  # implied buffers
+    assert parsed["scale_f16"].max_threads == 128  # the template's limit
+    plain = parsed["plain"]
+    assert plain.params == (Param("out", "device float*"), Param("n", "constant long&"))  # implied buffers
+    assert plain.max_threads == 1024 and plain.source == "kernel.metal"
     assert "scale" not in parsed  # a template is not callable by itself
 
 
@@ -84,6 +97,14 @@ def test_parse_kernels_reads_templates_instances_and_plain_kernels():
         (("constant float& s [[buffer(1)]], device T* y [[buffer(2)]]",
           "constant float& s [[buffer(2)]], device T* y [[buffer(1)]]"), "must be buffer(1)"),
         (("constant long& n", "thread long& n"), "not 'device [const] T*'"),
+        (("[[kernel, max_total_threads_per_threadgroup(1024)]]", "[[kernel]]"),
+         "plain): no [[max_total_threads_per_threadgroup(N)]]"),
+        (("[[max_total_threads_per_threadgroup(128)]] kernel void scale(", "kernel void scale("),
+         "scale): no [[max_total_threads_per_threadgroup(N)]]"),
+        (('("scale_f16")]] kernel', '("scale_f16")]] [[max_total_threads_per_threadgroup(64)]] kernel'),
+         "declares max_total_threads_per_threadgroup(64), the template 128"),
+        (("max_total_threads_per_threadgroup(128)", "max_total_threads_per_threadgroup(100)"),
+         "max_threads must be a multiple of 32"),
     ],
 )  # fmt: skip
 def test_parse_kernels_rejects_what_torch_could_not_call(edit, message):
@@ -100,9 +121,12 @@ def test_parse_kernels_rejects_what_torch_could_not_call(edit, message):
 def test_a_drifted_table_entry_is_seen():
     parsed = parse_kernels(SOURCE)
     drifted = Kernel(
-        "scale_f16", "t.metal", (("x", "device const half*"), ("y", "device half*"), ("s", "constant float&"))
+        "scale_f16", "kernel.metal", (("x", "device const half*"), ("y", "device half*"), ("s", "constant float&")), 128
     )
-    assert parsed["scale_f16"] != drifted.params
+    assert parsed["scale_f16"].params != drifted.params
+    same_params = Kernel("scale_f16", "kernel.metal", parsed["scale_f16"].params, 256)
+    assert parsed["scale_f16"] != same_params  # a drifted thread limit is seen too
+    assert parsed["scale_f16"] == Kernel("scale_f16", "kernel.metal", parsed["scale_f16"].params, 128)
 
 
 @pytest.mark.parametrize(
@@ -123,13 +147,18 @@ def test_canonical_type_rejects(spelling):
 
 def test_kernel_validation_names_the_problem():
     with pytest.raises(ValueError, match="source must be a file name"):
-        Kernel("k", "k.cu", ())
+        Kernel("k", "k.cu", (), 32)
     with pytest.raises(ValueError, match=r"parameter 0 \(x\)"):
-        Kernel("k", "k.metal", (("x", "device double*"),))
+        Kernel("k", "k.metal", (("x", "device double*"),), 32)
     with pytest.raises(TypeError, match="must be a \\(name, type\\) pair"):
-        Kernel("k", "k.metal", ("device float*",))
+        Kernel("k", "k.metal", ("device float*",), 32)
     with pytest.raises(ValueError, match="repeat"):
-        Kernel("k", "k.metal", (("x", "device float*"), ("x", "constant long&")))
+        Kernel("k", "k.metal", (("x", "device float*"), ("x", "constant long&")), 32)
+    with pytest.raises(TypeError, match="max_threads"):
+        Kernel("k", "k.metal", ())  # no limit: every kernel states its own
+    for bad in (0, 16, 100, 2048, True, 256.0):
+        with pytest.raises(ValueError, match="max_threads must be a multiple of 32"):
+            Kernel("k", "k.metal", (), bad)
 
 
 def test_get_suggests_close_names():

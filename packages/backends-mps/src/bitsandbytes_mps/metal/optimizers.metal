@@ -27,6 +27,7 @@ constant constexpr int kScaleByUnorm = 8;  // scale the 32-bit update by max_uno
 // bitsandbytes._formats.MIN_SCALE as float32: the smallest absmax a block is scaled by (test_optimizers.py
 // compares the two).
 constant constexpr float kMinScale = 1e-38f;
+constant constexpr uint kMinScaleBits = 0x006ce3eeu;  // its bits (the test checks both)
 
 constant constexpr uint kBlock = 256;  // threads per threadgroup; also the 8-bit state block
 constant constexpr uint kSimds = kBlock / 32;
@@ -48,6 +49,20 @@ constant constexpr int cRule = 0, cFlags = 1, cN = 2;
 
 inline float div_rn(float a, float b) { return precise::divide(a, b); }
 inline float sqrt_rn(float a) { return precise::sqrt(a); }
+
+// NaN and zero are decided on the bits, and no NaN reaches a float comparison whose result matters: fast
+// math (PYTORCH_MPS_FAST_MATH=1) lets the compiler assume there is none.
+constant constexpr uint kInfBits = 0x7f800000u;
+inline uint magnitude_bits(float x) { return as_type<uint>(x) & 0x7fffffffu; }
+inline bool nan_bits(float x) { return magnitude_bits(x) > kInfBits; }
+
+// torch.sign keeping NaN (so a NaN gradient shows in p); +0 for either zero.
+inline float sign_or_nan(float d) {
+  const uint magnitude = magnitude_bits(d);
+  if (magnitude > kInfBits) return d;
+  if (magnitude == 0u) return 0.0f;
+  return as_type<int>(d) < 0 ? -1.0f : 1.0f;
+}
 
 inline int n_states(int rule) { return rule == kAdemamix ? 3 : (rule == kAdam ? 2 : 1); }
 
@@ -76,9 +91,7 @@ inline float step_element(constant float* h, int rule, int flags, float scale, f
   } else if (rule == kLion) {
     if (wd) p = p * h[hDecayFactor];
     const float d = h[hBeta1] * s0 + h[hOmb1] * g;
-    // sign(d) keeping NaN, so a NaN gradient shows in p.
-    const float sgn = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : (isnan(d) ? d : 0.0f));
-    p = p - (scale * h[hLr]) * sgn;
+    p = p - (scale * h[hLr]) * sign_or_nan(d);
     s0 = h[hBeta2] * s0 + h[hOmb2] * g;
   } else {  // momentum, rmsprop, adagrad: coupled weight decay
     if (wd) g = g + h[hWeightDecay] * p;
@@ -91,7 +104,7 @@ inline float step_element(constant float* h, int rule, int flags, float scale, f
       p = p - div_rn(lr * g, sqrt_rn(s0) + h[hEps]);
     }
   }
-  if ((flags & kSkipZeros) && graw == 0.0f) return p0;
+  if ((flags & kSkipZeros) && magnitude_bits(graw) == 0u) return p0;
   s[0] = s0;
   s[1] = s1;
   s[2] = s2;
@@ -143,7 +156,7 @@ inline float group_sum(float x, threadgroup float* red, uint lid) {
 // Pass 1 of max_unorm: the threadgroups stride over the elements; each writes its partial sum of the
 // squared update norm to partials[group] (ademamix: the m2 sum to partials[groups + group]). Reads only.
 template <typename T>
-kernel void optimizer_32bit_norm(device const T* g [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void optimizer_32bit_norm(device const T* g [[buffer(0)]],
                                  device const float* state1 [[buffer(1)]],
                                  device const float* state2 [[buffer(2)]],
                                  device float* partials [[buffer(3)]],
@@ -176,7 +189,7 @@ kernel void optimizer_32bit_norm(device const T* g [[buffer(0)]],
 // Pass 2 of max_unorm, one threadgroup: unorm[0] = the sum of the `count` partials; for ademamix (`two`)
 // plus the sum of the second row, each summed on its own first as the reference adds them.
 // config = [count, two].
-kernel void optimizer_32bit_norm_total(device const float* partials [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void optimizer_32bit_norm_total(device const float* partials [[buffer(0)]],
                                        device float* unorm [[buffer(1)]],
                                        constant long* config [[buffer(2)]],
                                        uint lid [[thread_index_in_threadgroup]]) {
@@ -196,7 +209,7 @@ kernel void optimizer_32bit_norm_total(device const float* partials [[buffer(0)]
 // kScaleByUnorm, `unorm` holds the squared norm the trust ratio comes from (this step's, or for lion the
 // previous step's); otherwise it is not read. ademamix keeps [m1 | m2] in state1 and nu in state2.
 template <typename T>
-kernel void optimizer_32bit(device const T* g [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void optimizer_32bit(device const T* g [[buffer(0)]],
                             device T* p [[buffer(1)]],
                             device float* state1 [[buffer(2)]],
                             device float* state2 [[buffer(3)]],
@@ -212,7 +225,7 @@ kernel void optimizer_32bit(device const T* g [[buffer(0)]],
   if (flags & kScaleByUnorm) {
     const float current = sqrt_rn(unorm[0]);
     // limit / current as torch computes a scalar over a tensor: reciprocal, then a product.
-    if (current > hyper[hLimit]) scale = div_rn(1.0f, current) * hyper[hLimit];
+    if (!nan_bits(current) && current > hyper[hLimit]) scale = div_rn(1.0f, current) * hyper[hLimit];
   }
   device float* second = rule == kAdemamix ? state1 + n : state2;
   const bool two = rule == kAdam || rule == kAdemamix, three = rule == kAdemamix;
@@ -230,9 +243,14 @@ kernel void optimizer_32bit(device const T* g [[buffer(0)]],
 // built once per threadgroup, not once per block. ademamix keeps [m1 | m2] in state1 / absmax1 and nu in
 // state2 / absmax2; one-state rules never touch state2, absmax2 or qmap2.
 
+// The reference's order of map values (a stable sort): numbers by value, NaN after every number.
+inline bool sorts_before(float a, float b) { return !nan_bits(a) && (nan_bits(b) || a < b); }
+
 // A 256-entry map in threadgroup memory for the nearest-code search: the values by code, the 255 value-
 // sorted midpoints (v[i] + v[i+1]) / 2 and the code of each sorted slot. Every thread of the group calls
-// it (it has barriers). `sorted` is 256 floats of scratch, `votes` kSimds uints.
+// it (it has barriers). `sorted` is 256 floats of scratch, `votes` kSimds uints. A NaN midpoint (next to
+// a NaN entry) is stored as -inf: the reference's search (torch.bucketize) goes right at a NaN boundary,
+// as sorted_slot does at -inf, which then never compares with a NaN.
 inline void build_map(device const float* qmap, threadgroup float* values, threadgroup float* mids,
                       threadgroup uchar* order, threadgroup float* sorted, threadgroup uint* votes, uint t) {
   const float v = qmap[t];
@@ -240,7 +258,7 @@ inline void build_map(device const float* qmap, threadgroup float* values, threa
   threadgroup_barrier(mem_flags::mem_threadgroup);
   // Rank in a stable sort: entries smaller, or equal with a lower index. The dynamic maps are sorted
   // already (rank = index); one vote saves the count then.
-  const bool in_order = t == kBlock - 1 || v <= values[t + 1];
+  const bool in_order = t == kBlock - 1 || !sorts_before(values[t + 1], v);
   const bool all_in_order = simd_all(in_order);
   if (t % 32 == 0) votes[t / 32] = all_in_order ? 1u : 0u;
   threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -251,18 +269,24 @@ inline void build_map(device const float* qmap, threadgroup float* values, threa
     rank = 0;
     for (uint j = 0; j < kBlock; ++j) {
       const float u = values[j];
-      rank += (u < v || (u == v && j < t)) ? 1u : 0u;
+      rank += (sorts_before(u, v) || (j < t && !sorts_before(v, u))) ? 1u : 0u;
     }
   }
   sorted[rank] = v;
   order[rank] = uchar(t);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  if (t < kBlock - 1) mids[t] = (sorted[t] + sorted[t + 1]) * 0.5f;
+  if (t < kBlock - 1) {
+    const float lo = sorted[t], hi = sorted[t + 1];
+    // lo + hi is NaN for a NaN or for -inf + inf (lo <= hi): decided on the bits, not on a computed NaN.
+    const bool nan_mid = nan_bits(lo) || nan_bits(hi) || (as_type<uint>(lo) == 0xff800000u && as_type<uint>(hi) == kInfBits);
+    mids[t] = nan_mid ? as_type<float>(0xff800000u) : (lo + hi) * 0.5f;
+  }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 }
 
 // Number of midpoints below s, by an 8-step branchless search (NaN -> 255, as the reference).
 inline uint sorted_slot(threadgroup const float* mids, float s) {
+  if (nan_bits(s)) return 255u;
   uint j = 0;
   for (uint k = 0; k < 8; ++k) {
     const uint width = 256u >> k;
@@ -272,18 +296,26 @@ inline uint sorted_slot(threadgroup const float* mids, float s) {
 }
 
 // x scaled into [-1, 1] as the reference scales a block: a full block multiplies by the reciprocal of the
-// clamped absmax, the short last block divides by it. NaN stays NaN.
+// clamped absmax, the short last block divides by it. absmax is the block's max |x| (its magnitude bits, a
+// NaN anywhere in the block made it NaN). The special cases are taken on the bits, so the arithmetic below
+// sees finite numbers only: NaN and inf values (their block's absmax is inf or NaN: inf / inf, NaN) and a
+// NaN absmax give NaN; a finite value in a block whose absmax is inf gives 0 (the
+// reference's +-0: the same code).
 inline float scale_to_unit(float x, float absmax, bool full) {
+  const uint a = as_type<uint>(absmax);
   // An all-zero block: the reference's x / MIN_SCALE is x (a signed zero). Said directly, because kMinScale
   // is a float32 subnormal, which a GPU that flushes subnormals would turn into a division by zero.
-  if (absmax == 0.0f) return x;
-  const float clamped = isnan(absmax) ? absmax : max(absmax, kMinScale);
+  if (a == 0u) return x;
+  if (a >= kInfBits || magnitude_bits(x) >= kInfBits) {
+    return magnitude_bits(x) >= kInfBits || a > kInfBits ? as_type<float>(0x7fc00000u) : 0.0f;
+  }
+  const float clamped = as_type<float>(max(a, kMinScaleBits));
   const float s = full ? x * div_rn(1.0f, clamped) : div_rn(x, clamped);
   return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
 }
 
 template <typename T>
-kernel void optimizer_8bit_blockwise(device const T* g [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void optimizer_8bit_blockwise(device const T* g [[buffer(0)]],
                                      device T* p [[buffer(1)]],
                                      device uchar* state1 [[buffer(2)]],
                                      device uchar* state2 [[buffer(3)]],

@@ -5,7 +5,8 @@
 //
 // Floating point: the codes are bytes the format defines, so the arithmetic is pinned down: scaling uses
 // precise::divide (fast math would approximate the reciprocal and the tail block's division), NaN tests
-// are on the bits (fast math may assume no NaN), and max(|x|) is taken on the magnitude bits as uint.
+// are on the bits (fast math may assume no NaN), no NaN reaches a float comparison (its result would be
+// the compiler's choice), and max(|x|) is taken on the magnitude bits as uint.
 #include <metal_stdlib>
 using namespace metal;
 
@@ -37,6 +38,11 @@ static_assert(BNB_FIRST_VALUE_IN_HIGH_NIBBLE == 1, "the packing below puts the f
 
 inline bool nan_bits(float x) { return (as_type<uint>(x) & 0x7fffffffu) > 0x7f800000u; }
 
+// Whether lo + hi (lo <= hi in the map's order) is NaN, from their bits: a NaN, or -inf + inf.
+inline bool nan_sum(float lo, float hi) {
+  return nan_bits(lo) || nan_bits(hi) || (as_type<uint>(lo) == 0xff800000u && as_type<uint>(hi) == 0x7f800000u);
+}
+
 // |x| as uint bits: ordered like |x| for numbers, inf above them and every NaN above inf.
 inline uint magnitude_bits(float x) { return as_type<uint>(x) & 0x7fffffffu; }
 
@@ -62,21 +68,31 @@ inline uint group_max(uint m, uint group, uint lid, uint sg, uint lane, threadgr
 }
 
 // Scaling into [-1, 1] as the reference: a full block multiplies by the reciprocal of max(absmax,
-// MIN_SCALE), the short last block divides by it. NaN stays NaN. MIN_SCALE is subnormal, so "absmax <
-// MIN_SCALE" (0 for an all-zero block) is decided on the bits and its reciprocal is a generated (normal)
-// constant: a GPU that flushes subnormals would otherwise see 0 < 0 and scale zeros by 1 / 0.
+// MIN_SCALE), the short last block divides by it. MIN_SCALE is subnormal, so "absmax < MIN_SCALE" (0 for
+// an all-zero block) is decided on the bits and its reciprocal is a generated (normal) constant: a GPU
+// that flushes subnormals would otherwise see 0 < 0 and scale zeros by 1 / 0.
+// Which values scale to NaN is read off the bits of the block's absmax and of the value (to_nan): a NaN
+// absmax (a NaN in the block), or a value that is inf or NaN (its block's absmax is then inf or NaN: inf /
+// inf). So the NaN code is chosen on loaded bits, never on the bits of a computed NaN, which fast math lets
+// the compiler assume away. In a block whose absmax is inf, a finite value scales to 0 (x / inf).
 struct BlockScale {
   float clamped, inv;
-  bool full, tiny;
+  bool full, tiny, nan_block, inf_block;
   BlockScale(float absmax, bool full_block) {
-    tiny = magnitude_bits(absmax) < BNB_MIN_SCALE_BITS;
+    const uint a = magnitude_bits(absmax);
+    tiny = a < BNB_MIN_SCALE_BITS;
+    nan_block = a > 0x7f800000u;
+    inf_block = a == 0x7f800000u;
     clamped = tiny ? BNB_MIN_SCALE : absmax;
     inv = tiny ? BNB_INV_MIN_SCALE : precise::divide(1.0f, absmax);
     full = full_block;
   }
+  bool to_nan(float x) const { return nan_block || magnitude_bits(x) >= 0x7f800000u; }
+  // x scaled, for an x that does not scale to NaN.
   float operator()(float x) const {
+    if (inf_block) return 0.0f;  // +-0: one code
     if (full) return x * inv;
-    return (tiny && x == 0.0f) ? x : precise::divide(x, clamped);  // +-0 / MIN_SCALE is +-0
+    return (tiny && magnitude_bits(x) == 0u) ? x : precise::divide(x, clamped);  // +-0 / MIN_SCALE is +-0
   }
 };
 
@@ -84,18 +100,19 @@ inline float clamp_unit(float s) { return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f :
 
 // The quantizers' geometry: a group of blocksize / BNB_QUANT_ITEMS threads owns one quantization block,
 // each thread BNB_QUANT_ITEMS consecutive values held in registers between the absmax reduction and
-// the coding (one pass over A). Threadgroup size max(256, group); threadgroup tg owns blocks
-// tg * per_group ... where per_group = threadgroup size / group. Threads past the last block load zeros
-// and take part in the reductions.
+// the coding (one pass over A). Threadgroup size max(256, group), every threadgroup full (a uniform
+// grid: ops/quant.py quantize_geometry); threadgroup tg owns blocks tg * per_group ... where per_group =
+// threadgroup size / group. Threads past the last block load zeros and take part in the reductions.
+// Block sizes are powers of two: shifts and masks, no division.
 struct QuantPlace {
-  long block, start, i, n_blocks;
+  long block, start, i;
   uint group;
-  QuantPlace(uint tg, uint lid, uint tg_size, long n, long blocksize) {
-    group = uint(blocksize / BNB_QUANT_ITEMS);
-    block = long(tg) * (tg_size / group) + lid / group;
+  QuantPlace(uint tg, uint lid, uint tg_size, long blocksize) {
+    const uint shift = ctz(uint(blocksize) / BNB_QUANT_ITEMS);  // log2(group)
+    group = 1u << shift;
+    block = long(tg) * (tg_size >> shift) + (lid >> shift);
     start = block * blocksize;
-    i = start + long(lid % group) * BNB_QUANT_ITEMS;
-    n_blocks = (n + blocksize - 1) / blocksize;
+    i = start + long(lid & (group - 1u)) * BNB_QUANT_ITEMS;
   }
 };
 
@@ -108,10 +125,12 @@ inline void load_items(device const T* A, long i, long n, thread float* v) {
 
 // The nearest-code search needs the map sorted by value (stably; NaN after every number):
 // mids[i] = (v[i] + v[i + 1]) / 2 in float32 and order[i] = the code of v[i]; mids[255] = +inf (unused).
+// A NaN midpoint (next to a NaN entry) is stored as -inf: the reference's search (torch.bucketize) goes
+// right at a NaN boundary, as it does at -inf, and the search below then never compares with a NaN.
 // One threadgroup of 256 threads, each finding the stable rank of one entry.
-inline bool sorts_before(float a, float b) { return a < b || (nan_bits(b) && !nan_bits(a)); }
+inline bool sorts_before(float a, float b) { return !nan_bits(a) && (nan_bits(b) || a < b); }
 
-kernel void quant_map_prepare(device const float* code [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void quant_map_prepare(device const float* code [[buffer(0)]],
                               device float* mids [[buffer(1)]],
                               device uchar* order [[buffer(2)]],
                               uint i [[thread_index_in_threadgroup]]) {
@@ -128,13 +147,20 @@ kernel void quant_map_prepare(device const float* code [[buffer(0)]],
   sorted[rank] = c;
   order[rank] = uchar(i);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  mids[i] = i < 255 ? (sorted[i] + sorted[i + 1]) / 2.0f : as_type<float>(0x7f800000u);
+  if (i == 255) {
+    mids[i] = as_type<float>(0x7f800000u);
+  } else {
+    const float lo = sorted[i], hi = sorted[i + 1];
+    mids[i] = nan_sum(lo, hi) ? as_type<float>(0xff800000u) : (lo + hi) / 2.0f;
+  }
 }
 
-// Slot of s in the sorted map: how many of the 255 midpoints are < s (the reference's bucketize), by a
-// branchless binary search over the sorted midpoints; NaN takes the last slot (the largest map value).
+// Slot of the scaled value s (not NaN) in the sorted map: how many of the 255 midpoints are < clamp(s, -1,
+// 1) (the reference's bucketize), by a branchless binary search over the sorted midpoints. A value that
+// scales to NaN takes the last slot (the largest map value): kNanSlot.
+constant constexpr uint kNanSlot = 255u;
 inline uint slot256(threadgroup const float* mids, float s) {
-  if (nan_bits(s)) return 255u;
+  s = clamp_unit(s);
   uint j = 0;
   for (uint step = 128; step > 0; step >>= 1) j += s > mids[j + step - 1] ? step : 0u;
   return j;
@@ -142,7 +168,7 @@ inline uint slot256(threadgroup const float* mids, float s) {
 
 // absmax[b] and the code of every value of A[0, n) (map prepared by quant_map_prepare).
 template <typename T>
-kernel void quantize_blockwise(device const T* A [[buffer(0)]],
+[[max_total_threads_per_threadgroup(512)]] kernel void quantize_blockwise(device const T* A [[buffer(0)]],
                                device const float* map_mids [[buffer(1)]],
                                device const uchar* map_order [[buffer(2)]],
                                device uchar* out [[buffer(3)]],
@@ -163,24 +189,28 @@ kernel void quantize_blockwise(device const T* A [[buffer(0)]],
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
 
-  const QuantPlace p(tg, lid, tg_size, n, blocksize);
+  const QuantPlace p(tg, lid, tg_size, blocksize);
   float v[BNB_QUANT_ITEMS];
   load_items(A, p.i, n, v);
   uint m = 0;
   for (int k = 0; k < BNB_QUANT_ITEMS; ++k) m = max(m, magnitude_bits(v[k]));
   const float amax = magnitude_to_absmax(group_max(m, p.group, lid, sg, lane, scratch));
-  if (p.block >= p.n_blocks || p.i >= n) return;  // after the last barrier
-  if (lid % p.group == 0) absmax[p.block] = amax;
+  if (p.i >= n) return;  // after the last barrier (past the last block too: its start is >= n)
+  if ((lid & (p.group - 1u)) == 0) absmax[p.block] = amax;  // the block's first thread
 
   const BlockScale scale(amax, p.start + blocksize <= n);
-  for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k) out[p.i + k] = order[slot256(mids, clamp_unit(scale(v[k])))];
+  for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; ++k)
+    out[p.i + k] = order[scale.to_nan(v[k]) ? kNanSlot : slot256(mids, scale(v[k]))];
 }
 
 // out[i] = code[A[i]] * absmax[i / blocksize] in float32, rounded once to T. A thread writes
 // BNB_DEQUANT_ITEMS consecutive values (all in one block: block sizes are >= 32), so one scale load and
-// the threadgroup's copy of the map serve many values. Any threadgroup size.
+// the threadgroup's copy of the map serve many values. Any threadgroup size, in a uniform grid (every
+// threadgroup full: ops/quant.py dequantize_geometry), so that the copy's stride is the number of threads
+// that run: what Metal reports as threads_per_threadgroup in a partial edge group is not relied on.
+// Threads past n copy their share of the map, then return.
 template <typename T>
-kernel void dequantize_blockwise(device const uchar* A [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void dequantize_blockwise(device const uchar* A [[buffer(0)]],
                                  device const float* absmax [[buffer(1)]],
                                  device const float* code [[buffer(2)]],
                                  device T* out [[buffer(3)]],
@@ -205,12 +235,16 @@ inline float value4(uint c) {
   return QT == 1 ? FP4_TABLE[c] : NF4_TABLE[c];
 }
 
-// The code of scaled value s: how many of the 15 midpoints are < s (NaN: all of them), then that
-// slot's code. Fifteen compares against constants: no search, no divergence. No clamp needed: every
-// midpoint lies strictly inside [-1, 1].
+// The code of scaled value s (not NaN): how many of the 15 midpoints are < s, then that slot's code.
+// Fifteen compares against constants: no search, no divergence. No clamp needed: every midpoint lies
+// strictly inside [-1, 1]. A value that scales to NaN is above all of them: code4_nan.
+template <int QT>
+inline uint code4_nan() {
+  return QT == 1 ? FP4_ORDER[15] : NF4_ORDER[15];
+}
+
 template <int QT>
 inline uint code4(float s) {
-  if (nan_bits(s)) return QT == 1 ? FP4_ORDER[15] : NF4_ORDER[15];
   uint slot = 0;
   for (int i = 0; i < 15; ++i) slot += s > (QT == 1 ? FP4_MIDPOINTS[i] : NF4_MIDPOINTS[i]) ? 1u : 0u;
   return QT == 1 ? FP4_ORDER[slot] : NF4_ORDER[slot];
@@ -219,7 +253,7 @@ inline uint code4(float s) {
 // absmax[b] and the packed codes of A[0, n): two per byte, the first in the high nibble
 // (BNB_FIRST_VALUE_IN_HIGH_NIBBLE); for odd n the last low nibble is the code of the padding value 0.0.
 template <typename T, int QT>
-kernel void quantize_4bit(device const T* A [[buffer(0)]],
+[[max_total_threads_per_threadgroup(512)]] kernel void quantize_4bit(device const T* A [[buffer(0)]],
                           device uchar* out [[buffer(1)]],
                           device float* absmax [[buffer(2)]],
                           constant long& n [[buffer(3)]],
@@ -230,29 +264,29 @@ kernel void quantize_4bit(device const T* A [[buffer(0)]],
                           uint sg [[simdgroup_index_in_threadgroup]],
                           uint lane [[thread_index_in_simdgroup]]) {
   threadgroup uint scratch[32];
-  const QuantPlace p(tg, lid, tg_size, n, blocksize);
+  const QuantPlace p(tg, lid, tg_size, blocksize);
   float v[BNB_QUANT_ITEMS];
   load_items(A, p.i, n, v);
   uint m = 0;
   for (int k = 0; k < BNB_QUANT_ITEMS; ++k) m = max(m, magnitude_bits(v[k]));
   const float amax = magnitude_to_absmax(group_max(m, p.group, lid, sg, lane, scratch));
-  if (p.block >= p.n_blocks || p.i >= n) return;  // after the last barrier
-  if (lid % p.group == 0) absmax[p.block] = amax;
+  if (p.i >= n) return;  // after the last barrier (past the last block too: its start is >= n)
+  if ((lid & (p.group - 1u)) == 0) absmax[p.block] = amax;  // the block's first thread
 
   const BlockScale scale(amax, p.start + blocksize <= n);
   const uint pad = QT == 1 ? FP4_PAD_CODE : NF4_PAD_CODE;
   for (int k = 0; k < BNB_QUANT_ITEMS && p.i + k < n; k += 2) {
-    const uint hi = code4<QT>(scale(v[k]));
+    const uint hi = scale.to_nan(v[k]) ? code4_nan<QT>() : code4<QT>(scale(v[k]));
     // The padding value is 0.0 after scaling: its code is fixed, even in a NaN block.
-    const uint lo = p.i + k + 1 < n ? code4<QT>(scale(v[k + 1])) : pad;
-    out[(p.i + k) / 2] = uchar((hi << 4) | lo);
+    const uint lo = p.i + k + 1 >= n ? pad : (scale.to_nan(v[k + 1]) ? code4_nan<QT>() : code4<QT>(scale(v[k + 1])));
+    out[(p.i + k) >> 1] = uchar((hi << 4) | lo);
   }
 }
 
 // out[i] = table[nibble i] * absmax[i / blocksize] in float32, rounded once to T. A thread decodes
 // BNB_DEQUANT_ITEMS / 2 consecutive bytes (BNB_DEQUANT_ITEMS values, all in one block), one scale load.
 template <typename T, int QT>
-kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
+[[max_total_threads_per_threadgroup(256)]] kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
                             device const float* absmax [[buffer(1)]],
                             device T* out [[buffer(2)]],
                             constant long& n [[buffer(3)]],
@@ -262,7 +296,7 @@ kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
   if (i0 >= n) return;
   const float s = absmax[i0 >> ctz(uint(blocksize))];
   for (int k = 0; k < BNB_DEQUANT_ITEMS && i0 + k < n; k += 2) {
-    const uint byte = A[(i0 + k) / 2];
+    const uint byte = A[(i0 + k) >> 1];
     out[i0 + k] = T(value4<QT>(byte >> 4) * s);
     if (i0 + k + 1 < n) out[i0 + k + 1] = T(value4<QT>(byte & 0xfu) * s);
   }
@@ -282,7 +316,7 @@ kernel void dequantize_4bit(device const uchar* A [[buffer(0)]],
 //   odd K: rows start mid-byte every other row, a thread takes one k.
 // Then simd_sum per (feature, row) and a fixed-order sum over the SIMD-groups.
 template <typename T>
-kernel void gemv_4bit(device const T* A [[buffer(0)]],
+[[max_total_threads_per_threadgroup(128)]] kernel void gemv_4bit(device const T* A [[buffer(0)]],
                       device const uchar* B [[buffer(1)]],
                       device const float* absmax [[buffer(2)]],
                       device const float* code [[buffer(3)]],
@@ -310,7 +344,12 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
   const int feats = N - n0 < F ? int(N - n0) : F;  // uniform over the threadgroup
   const int rows = M - m0 < R ? int(M - m0) : R;
   const uint shift = ctz(uint(blocksize));
-  device const T* a0 = A + m0 * K;
+  // The 64-bit products stay out of the loops over K: each feature's first weight (in nibbles) and
+  // each row's first value of A, once per thread.
+  long w0[F];
+  for (int f = 0; f < F; ++f) w0[f] = (n0 + f) * K;
+  device const T* a_row[R];
+  for (int r = 0; r < R; ++r) a_row[r] = A + (m0 + (r < rows ? r : 0)) * K;  // in bounds even past M
   float acc[F][R];
   for (int f = 0; f < F; ++f)
     for (int r = 0; r < R; ++r) acc[f][r] = 0.0f;
@@ -321,7 +360,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
       float w[F][8];
       for (int f = 0; f < F; ++f) {
         if (f < feats) {
-          const long i = (n0 + f) * K + k;  // a multiple of 8: word i / 8, one block of scales
+          const long i = w0[f] + k;  // a multiple of 8: word i / 8, one block of scales
           const uint q = B32[i >> 3];
           const float s = absmax[i >> shift];
           for (int j = 0; j < 4; ++j) {  // byte j of the little-endian word is byte j in memory
@@ -334,7 +373,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
       for (int r = 0; r < R; ++r) {
         if (r < rows) {
           float x[8];
-          for (int j = 0; j < 8; ++j) x[j] = float(a0[r * K + k + j]);
+          for (int j = 0; j < 8; ++j) x[j] = float(a_row[r][k + j]);
           for (int f = 0; f < F; ++f)
             if (f < feats)
               for (int j = 0; j < 8; ++j) acc[f][r] = fma(w[f][j], x[j], acc[f][r]);
@@ -346,7 +385,7 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
       float w[F][2];
       for (int f = 0; f < F; ++f) {
         if (f < feats) {
-          const long i = (n0 + f) * K + k;  // even: the byte holds k (high nibble) and k + 1
+          const long i = w0[f] + k;  // even: the byte holds k (high nibble) and k + 1
           const uint byte = B[i >> 1];
           const float s = absmax[i >> shift];
           w[f][0] = float(T(table[byte >> 4] * s));
@@ -355,8 +394,8 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
       }
       for (int r = 0; r < R; ++r) {
         if (r < rows) {
-          const float x0 = float(a0[r * K + k]);
-          const float x1 = float(a0[r * K + k + 1]);
+          const float x0 = float(a_row[r][k]);
+          const float x1 = float(a_row[r][k + 1]);
           for (int f = 0; f < F; ++f)
             if (f < feats) acc[f][r] = fma(w[f][1], x1, fma(w[f][0], x0, acc[f][r]));
         }
@@ -367,14 +406,14 @@ kernel void gemv_4bit(device const T* A [[buffer(0)]],
       float w[F];
       for (int f = 0; f < F; ++f) {
         if (f < feats) {
-          const long i = (n0 + f) * K + k;
+          const long i = w0[f] + k;
           const uint byte = B[i >> 1];
           w[f] = float(T(table[(i & 1) ? (byte & 0xfu) : (byte >> 4)] * absmax[i >> shift]));
         }
       }
       for (int r = 0; r < R; ++r) {
         if (r < rows) {
-          const float x = float(a0[r * K + k]);
+          const float x = float(a_row[r][k]);
           for (int f = 0; f < F; ++f)
             if (f < feats) acc[f][r] = fma(w[f], x, acc[f][r]);
         }

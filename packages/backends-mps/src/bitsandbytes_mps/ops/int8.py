@@ -33,6 +33,15 @@ def _row_group(cols: int) -> int:
     return min(GROUP, (cols + 31) // 32 * 32)
 
 
+def dequant_geometry(rows: int, cols: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(threads, group_size) of the dequantizers' 2-D grid, x the column and y the row (rows, cols > 0): up to
+    GROUP threads a group, whole rows stacked when they are narrow. Partial edge groups are Metal's; the
+    kernels do not depend on their size. Their 32-bit indices need rows * cols <= MAX_THREADS, which
+    ``native(name, rows * cols)`` checks before every launch."""
+    x = min(cols, GROUP)
+    return (cols, rows), (x, min(rows, GROUP // x))
+
+
 def int8_vectorwise_quant(A: torch.Tensor, threshold: float = 0.0):
     check_int8_vectorwise_quant(A, threshold)
     rows, cols = _rows_cols(A)
@@ -65,8 +74,9 @@ def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tenso
         return _reference.int8_vectorwise_dequant(A, stats)
     A = A.contiguous()
     out = torch.empty(A.shape, dtype=torch.float32, device=A.device)
-    threads, group_size = elementwise(n)
-    dispatch("int8_vectorwise_dequant", A, stats.contiguous(), out, _formats.INT8_DEQUANT_SCALE, A.shape[-1], n,
+    rows, cols = _rows_cols(A)
+    threads, group_size = dequant_geometry(rows, cols)
+    dispatch("int8_vectorwise_dequant", A, stats.contiguous(), out, _formats.INT8_DEQUANT_SCALE, rows, cols,
              threads=threads, group_size=group_size)  # fmt: skip
     return out
 
@@ -80,9 +90,10 @@ def int8_mm_dequant(A, row_stats, col_stats, dtype=None, bias=None) -> torch.Ten
     A = A.contiguous()
     out = torch.empty(A.shape, dtype=out_dtype, device=A.device)
     b = placeholder(A.device) if bias is None else bias.contiguous().float()
-    threads, group_size = elementwise(n)
+    rows, cols = _rows_cols(A)
+    threads, group_size = dequant_geometry(rows, cols)
     dispatch(name, A, row_stats.contiguous(), col_stats.contiguous(), b, int(bias is not None), out,
-             _formats.INT8_MM_DEQUANT_SCALE, A.shape[-1], n, threads=threads, group_size=group_size)  # fmt: skip
+             _formats.INT8_MM_DEQUANT_SCALE, rows, cols, threads=threads, group_size=group_size)  # fmt: skip
     return out
 
 

@@ -37,6 +37,7 @@ from ..tables.quant import (
     GEMV_FEATURES,
     GEMV_ROWS,
     GEMV_THREADS,
+    MAP_THREADS,
     QUANT_ITEMS,
     QUANT_MIN_THREADS,
 )
@@ -65,9 +66,11 @@ def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:
 
 
 def dequantize_geometry(n: int) -> tuple[int, int]:
-    """(threads, group_size) of a dequantizer: DEQUANT_ITEMS consecutive values per thread (n > 0)."""
-    threads = _checks.n_blocks(n, DEQUANT_ITEMS)
-    return threads, min(threads, DEQUANT_THREADS)
+    """(threads, group_size) of a dequantizer: DEQUANT_ITEMS consecutive values per thread (n > 0), in whole
+    threadgroups of DEQUANT_THREADS (a uniform grid: dequantize_blockwise copies its map with a stride of
+    the threadgroup size, which a partial edge threadgroup would make Metal's choice; the threads past n
+    return)."""
+    return _checks.n_blocks(_checks.n_blocks(n, DEQUANT_ITEMS), DEQUANT_THREADS) * DEQUANT_THREADS, DEQUANT_THREADS
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -82,7 +85,7 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 8-bit map's float32 midpoints in value order (256; the last unused) and each sorted slot's code."""
     mids = torch.empty(256, dtype=torch.float32, device=code.device)
     order = torch.empty(256, dtype=torch.uint8, device=code.device)
-    library.dispatch("quant_map_prepare", code.contiguous(), mids, order, threads=256, group_size=256)
+    library.dispatch("quant_map_prepare", code.contiguous(), mids, order, threads=MAP_THREADS, group_size=MAP_THREADS)
     return mids, order
 
 

@@ -1,9 +1,11 @@
 """The kernel tables: one ``tables/<family>.py`` per Metal source, each a ``KERNELS`` list of ``Kernel``.
 
 A ``Kernel`` names a host function of ``metal/<source>`` (the ``[[host_name]]`` of a template instance, or
-a plain ``kernel void``) and its buffer arguments in binding order. The dispatcher checks every call
-against it, the source assembly compiles exactly the sources the tables name, and a host-side test parses
-each kernel's signature from the ``.metal`` text (``parse_kernels``) and compares: the three cannot drift.
+a plain ``kernel void``), its buffer arguments in binding order and the largest threadgroup the host
+launches it with (``max_threads``, which the source declares as ``[[max_total_threads_per_threadgroup]]``).
+The dispatcher checks every call against it, the source assembly compiles exactly the sources the tables
+name, and a host-side test parses each kernel's signature and limit from the ``.metal`` text
+(``parse_kernels``) and compares: the three cannot drift.
 This package imports neither torch nor bitsandbytes (the CMake build runs the assembly in a bare Python).
 """
 
@@ -106,9 +108,19 @@ class Param:
         return f"{self.type} {self.name}"
 
 
+# Threads per SIMD-group the kernels are written for (lane / 32, simd_max over one 32-value group, ...):
+# every Apple GPU's; a pipeline reporting another thread_execution_width cannot run them.
+SIMD_WIDTH = 32
+# Apple GPUs' largest threadgroup; a pipeline's own limit (maxTotalThreadsPerThreadgroup) may be lower.
+MAX_THREADGROUP = 1024
+
+
 @dataclass(frozen=True)
 class Kernel:
-    """A kernel ``name`` (its Metal host name) of ``metal/<source>`` and its buffer arguments, in order.
+    """A kernel ``name`` (its Metal host name) of ``metal/<source>``, its buffer arguments in order, and
+    ``max_threads``: the largest threadgroup the host ever launches it with, which the source declares as
+    ``[[max_total_threads_per_threadgroup(max_threads)]]`` (so the compiler may budget registers for it,
+    and a pipeline whose limit is lower is seen at load time, not as torch's error at a launch).
 
     ``params`` are ``(name, type)`` pairs (or ``Param``) with Metal spellings: ``("A", "device const
     half*")``, ``("n", "constant long&")``. Position attributes (``thread_position_in_grid`` ...) are not
@@ -118,6 +130,7 @@ class Kernel:
     name: str
     source: str
     params: tuple[Param, ...]
+    max_threads: int
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -143,6 +156,12 @@ class Kernel:
         if len(set(names)) != len(names):
             raise ValueError(f"Kernel {self.name}: parameter names repeat: {names}")
         object.__setattr__(self, "params", tuple(params))
+        mt = self.max_threads
+        if isinstance(mt, bool) or not isinstance(mt, int) or not (0 < mt <= MAX_THREADGROUP) or mt % SIMD_WIDTH:
+            raise ValueError(
+                f"Kernel {self.name}: max_threads must be a multiple of {SIMD_WIDTH} in {SIMD_WIDTH}.."
+                f"{MAX_THREADGROUP} (whole SIMD-groups, within Apple's threadgroup limit), got {mt!r}"
+            )
 
     def signature(self) -> str:
         return f"{self.name}({', '.join(map(str, self.params))})"
@@ -206,6 +225,7 @@ _KERNEL_HEAD = re.compile(
     r"(?:\bkernel\b|\[\[\s*kernel\s*(?:,[^\]]*)?\]\])\s*(?:\[\[[^\]]*\]\]\s*)*void\s+([A-Za-z_]\w*)\s*(<[^(;{]*>)?\s*\("
 )
 _HOST_NAME = re.compile(r"\[\[\s*host_name\s*\(\s*\"(\w+)\"\s*\)\s*\]\]")
+_MAX_THREADS = re.compile(r"\bmax_total_threads_per_threadgroup\s*\(\s*(\d+)\s*\)")
 _NOT_NAMES = {"const", "device", "constant", "thread", "threadgroup", "unsigned", *ELEMENT_TYPES, *SCALAR_TYPES}
 _TEMPLATE_PARAMS = re.compile(r"\btemplate\s*<([^;{}]*)>\s*(?:\[\[[^\]]*\]\]\s*)*$")
 
@@ -278,20 +298,22 @@ def _substitute(spelling: str, mapping: dict[str, str]) -> str:
     return re.sub(r"[A-Za-z_]\w*", lambda m: mapping.get(m.group(0), m.group(0)), spelling)
 
 
-def parse_kernels(source: str, filename: str = "kernel.metal") -> dict[str, tuple[Param, ...]]:
-    """The host functions of a Metal source and their bound arguments in buffer order, as ``Param``.
+def parse_kernels(source: str, filename: str = "kernel.metal") -> dict[str, Kernel]:
+    """The host functions of a Metal source, name -> ``Kernel`` (source ``filename``): the bound arguments
+    in buffer order and the declared ``[[max_total_threads_per_threadgroup(N)]]``.
 
     Plain ``kernel void f(...)`` exports ``f``; a ``template [[host_name("h")]] kernel void f<T>(...)``
     instance exports ``h`` with the template's parameters, its template arguments substituted (and the
-    instance's own types checked against them). Names come from the template when the instance omits
-    them. ``ValueError`` names the file and kernel for anything malformed (an argument type outside
-    ``canonical_type``, buffer indices that are not 0, 1, 2, ... in parameter order).
+    instance's own types checked against them), and the template's thread limit. Names come from the
+    template when the instance omits them. ``ValueError`` names the file and kernel for anything malformed
+    (an argument type outside ``canonical_type``, buffer indices that are not 0, 1, 2, ... in parameter
+    order, no thread limit, or an instance whose limit is not its template's).
     """
     text = _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), source)
-    templates: dict[str, tuple[list[str], list]] = {}
-    found: dict[str, tuple[Param, ...]] = {}
+    templates: dict[str, tuple[list[str], list, int | None]] = {}
+    found: dict[str, Kernel] = {}
 
-    def finish(host: str, bound: list[tuple[str | None, str, int]], where: str) -> None:
+    def finish(host: str, bound: list[tuple[str | None, str, int]], limit: int | None, where: str) -> None:
         params = []
         for pos, (name, spelling, index) in enumerate(bound):
             if index != pos:
@@ -303,7 +325,13 @@ def parse_kernels(source: str, filename: str = "kernel.metal") -> dict[str, tupl
                 raise ValueError(f"{where}: argument {name}: {e}") from None
         if host in found:
             raise ValueError(f"{where}: host name {host!r} is defined twice")
-        found[host] = tuple(params)
+        if limit is None:
+            raise ValueError(f"{where}: no [[max_total_threads_per_threadgroup(N)]]; declare the largest threadgroup "
+                             "the host launches (torch refuses a larger one than the pipeline allows)")  # fmt: skip
+        try:
+            found[host] = Kernel(host, filename, tuple(params), limit)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
     for m in _KERNEL_HEAD.finditer(text):
         name, targs = m.group(1), m.group(2)
@@ -312,16 +340,21 @@ def parse_kernels(source: str, filename: str = "kernel.metal") -> dict[str, tupl
         raw = _raw_params(text, m.end() - 1)
         head_start = max(text.rfind(c, 0, m.start()) for c in ";}") + 1
         host = _HOST_NAME.search(text, head_start, m.start())
+        declared = _MAX_THREADS.search(text, head_start, m.end())
+        limit = int(declared.group(1)) if declared else None
         tmpl = _TEMPLATE_PARAMS.search(text, head_start, m.start())
         if targs is None and tmpl and tmpl.group(1).strip():  # template <typename T> kernel void f(...)
             names = [re.findall(r"[A-Za-z_]\w*", p)[-1] for p in _split_top(tmpl.group(1))]
-            templates[name] = (names, raw)
+            templates[name] = (names, raw, limit)
         elif targs is not None:  # template [[host_name("h")]] kernel void f<float>(...);
             if host is None:
                 raise ValueError(f"{where}: an explicit instance without [[host_name(...)]] is not callable")
             if name not in templates:
                 raise ValueError(f"{where}: instance of {name!r}, which is not a template kernel above it")
-            tnames, traw = templates[name]
+            tnames, traw, tlimit = templates[name]
+            if limit is not None and limit != tlimit:
+                raise ValueError(f"{where}: the instance declares max_total_threads_per_threadgroup({limit}), the "
+                                 f"template {tlimit}")  # fmt: skip
             args = [" ".join(a.split()) for a in _split_top(targs[1:-1])]
             if len(args) != len(tnames):
                 raise ValueError(f"{where}: {len(args)} template arguments for {len(tnames)} parameters")
@@ -339,9 +372,9 @@ def parse_kernels(source: str, filename: str = "kernel.metal") -> dict[str, tupl
                     raise ValueError(f"{where}: parameter {tname}: the instance says {ispell!r}, the template "
                                      f"gives {expected!r}")  # fmt: skip
                 merged.append((iname or tname, expected, tattrs or iattrs))
-            finish(host.group(1), _bound(merged, where), where)
+            finish(host.group(1), _bound(merged, where), tlimit, where)
         else:
-            finish(host.group(1) if host else name, _bound(raw, where), where)
+            finish(host.group(1) if host else name, _bound(raw, where), limit, where)
     return found
 
 

@@ -35,6 +35,19 @@ DEQUANT_THREADS = 256  # threads per threadgroup of the dequantizers
 GEMV_FEATURES = 4  # output features per gemv threadgroup (BNB_GEMV_FEATURES)
 GEMV_ROWS = 4  # rows of A per gemv threadgroup (BNB_GEMV_ROWS)
 GEMV_THREADS = 128  # threads per gemv threadgroup, splitting K (at most BNB_GEMV_MAX_SIMDGROUPS * 32)
+MAP_THREADS = 256  # quant_map_prepare: one thread per map entry
+QUANT_MAX_BLOCKSIZE = 4096  # the largest block size (bitsandbytes._checks.BLOCKSIZES; a test compares)
+QUANT_MAX_THREADS = max(QUANT_MIN_THREADS, QUANT_MAX_BLOCKSIZE // QUANT_ITEMS)  # a quantizer's largest group
+
+# template -> the largest threadgroup ops/quant.py launches it with: its [[max_total_threads_per_threadgroup]].
+MAX_THREADS = {
+    "quant_map_prepare": MAP_THREADS,
+    "quantize_blockwise": QUANT_MAX_THREADS,
+    "quantize_4bit": QUANT_MAX_THREADS,
+    "dequantize_blockwise": DEQUANT_THREADS,
+    "dequantize_4bit": DEQUANT_THREADS,
+    "gemv_4bit": GEMV_THREADS,
+}
 
 # Position attributes each template takes, after its buffers: (MSL type, parameter name, attribute).
 _POSITIONS = {
@@ -129,7 +142,7 @@ for _sfx, _t in ELEMENT_TYPES.items():
         ),
     )
 
-KERNELS = [Kernel(name=name, source=SOURCE, params=inst[3]) for name, inst in _INSTANCES.items()]
+KERNELS = [Kernel(name, SOURCE, inst[3], MAX_THREADS[inst[0]]) for name, inst in _INSTANCES.items()]
 
 
 # ------------------------------------------------------------------------------------- generation
