@@ -140,6 +140,7 @@ def test_generated_launchers_compile_and_load(built_library, fresh_library, monk
     assert exported == {k.symbol for k in tables.all_kernels().values()} | {
         "bnb_cuda_error_string", "bnb_cuda_runtime_version", "bnb_cuda_driver_version", "bnb_cuda_archs",
         "bnb_cuda_check_device", "bnb_cuda_managed_alloc", "bnb_cuda_managed_free", "bnb_cuda_managed_prefetch",
+        "bnb_cuda_concurrent_managed_access",
     } | set(upstream_api.ENTRY_POINTS)  # fmt: skip
     # The plugin hands this very library to the core as bitsandbytes.functional.lib.
     assert plugin.backend.native_library() is lib
