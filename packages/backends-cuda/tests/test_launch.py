@@ -140,6 +140,7 @@ def test_generated_launchers_compile_and_load(built_library, fresh_library, monk
     assert exported == {k.symbol for k in tables.all_kernels().values()} | {
         "bnb_cuda_error_string", "bnb_cuda_runtime_version", "bnb_cuda_driver_version", "bnb_cuda_archs",
         "bnb_cuda_check_device", "bnb_cuda_managed_alloc", "bnb_cuda_managed_free", "bnb_cuda_managed_prefetch",
+        "bnb_cuda_concurrent_managed_access",
     } | set(upstream_api.ENTRY_POINTS)  # fmt: skip
     # The plugin hands this very library to the core as bitsandbytes.functional.lib.
     assert plugin.backend.native_library() is lib
@@ -319,3 +320,57 @@ def test_driver_older_than_the_runtime_is_named(fresh_library, monkeypatch, runt
             plugin.check_driver()
         with pytest.raises(launch.LibraryError, match="update the driver"):
             launch.check_device(0)  # the probe's "insufficient driver" turns into the same message
+
+
+# ---------------------------------------------------------------------------------------------- real path
+
+
+class _Recorder:
+    """Stands for a generated launcher: records its arguments, returns a set cudaError_t."""
+
+    def __init__(self, rc: int = 0):
+        self.rc, self.calls = rc, []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+        return self.rc
+
+
+@pytest.fixture
+def real_path(fresh_library, monkeypatch):
+    """The real launch path with no GPU: device 0 current and already probed, the launcher recorded."""
+    monkeypatch.setattr(launch, "_stream_of", None, raising=False)
+    monkeypatch.setattr(launch, "_lib", _StubLibrary(probe=0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    launch._checked_devices.add(0)
+    recorder = _Recorder()
+    launch._fns["int8_vectorwise_dequant"] = recorder
+    return recorder
+
+
+def test_real_launch_uses_torchs_raw_current_stream(real_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: asked.append(i) or 0x5EED, raising=False)
+
+    def no_stream_objects(*a):
+        raise AssertionError("torch.cuda.current_stream builds a Stream per call; the raw query is cheaper")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", no_stream_objects)
+    for _ in range(2):
+        launch.launch("int8_vectorwise_dequant", (3, 2), 64, 0, None, None, None, 2, 4)  # null pointers
+    assert asked == [0, 0]
+    assert real_path.calls == [(3, 2, 1, 64, 1, 1, 0, 0x5EED, None, None, None, 2, 4)] * 2
+
+
+def test_real_launch_without_the_raw_query_uses_the_public_stream_api(real_path, monkeypatch):
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda i: type("S", (), {"cuda_stream": 0xBEEF + i})())
+    launch.launch("int8_vectorwise_dequant", 1, 32, 0, None, None, None, 2, 4)
+    assert real_path.calls == [(1, 1, 1, 32, 1, 1, 0, 0xBEEF, None, None, None, 2, 4)]
+
+
+def test_real_launch_error_names_the_kernel(real_path, monkeypatch):
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    real_path.rc = 209
+    with pytest.raises(RuntimeError, match=r"CUDA kernel int8_vectorwise_dequant \(grid \(1, 1, 1\).*no kernel image"):
+        launch.launch("int8_vectorwise_dequant", 1, 32, 0, None, None, None, 2, 4)

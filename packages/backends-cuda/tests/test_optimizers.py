@@ -197,6 +197,45 @@ def test_8bit_nan_gradient_poisons_only_its_block():
     torch.testing.assert_close(p.nan_to_num(), ref_p.nan_to_num(), rtol=1e-5, atol=1e-6)
 
 
+def _nan_maps(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qmap1, qmap2 = (m.clone() for m in MAPS["dynamic"])
+    if layout == "scattered":
+        qmap1[[3, 77, 200]] = float("nan")
+        qmap2[[10, 128]] = float("nan")
+    elif layout == "last":  # sorted in torch's order, NaN after every number
+        qmap1[255] = qmap2[255] = float("nan")
+    else:  # shuffled, with NaN
+        gen = torch.Generator().manual_seed(11)
+        qmap1, qmap2 = (m[torch.randperm(256, generator=gen)] for m in (qmap1, qmap2))
+        qmap1[[0, 1, 250]] = qmap2[[5, 6]] = float("nan")
+    return qmap1, qmap2
+
+
+@pytest.mark.parametrize("layout", ["scattered", "last", "shuffled"])
+@pytest.mark.parametrize("name", ["adam", "ademamix", "rmsprop", "lion"])
+def test_8bit_map_with_nan_matches_the_reference(name, layout):
+    # A user-supplied map may hold NaN: the reference sorts it after every number (torch.argsort, stable)
+    # and searches the midpoints as torch.bucketize does; the kernel's map must be built in that order,
+    # every slot written exactly once, whatever the threads' timing.
+    qmap1, qmap2 = _nan_maps(layout)
+    n = 3 * OPTIMIZER_BLOCKSIZE + 40
+    p = torch.randn(n, generator=torch.Generator().manual_seed(12))
+    st = _state8(name, n, 13, qmap1, qmap2)
+    for codes, qmap in ((st[0], qmap1), (st[1], qmap2)):  # start from finite states
+        if codes is not None:
+            finite = torch.nonzero(~qmap.isnan()).flatten()
+            bad = qmap[codes.long()].isnan()
+            codes[bad] = finite[codes[bad].long() % finite.numel()].to(torch.uint8)
+    ref_p, ref = p.clone(), _clone(st)
+    g = _grad(n, torch.float32, 14)
+    _run8(ops.optimizer_update_8bit_blockwise, name, g, p, st, qmap1, qmap2, 1)
+    _run8(REF8, name, g, ref_p, ref, qmap1, qmap2, 1)
+    _close_p(p, ref_p, f"{name} {layout}")
+    for got, want, what in zip(st, ref, ("state1", "state2", "absmax1", "absmax2"), strict=True):
+        if want is not None:
+            _same_bits(got, want, f"{name} {layout}: {what}")
+
+
 def test_8bit_strided_absmax_is_written_back():
     n = 4 * OPTIMIZER_BLOCKSIZE
     qmap1, qmap2 = MAPS["dynamic"]

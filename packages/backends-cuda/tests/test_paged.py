@@ -3,8 +3,9 @@
 What a GPU alone can tell (that cudaMallocManaged memory pages and prefetches, and that torch accepts
 it through __cuda_array_interface__) is left to the hardware run; here: the core's get_paged /
 prefetch_tensor reach our entry points with the right sizes, devices and streams, the memory is
-zero-filled, typed and shaped, freed exactly once when the last view dies, and CUDA errors surface
-as exceptions naming the operation.
+zero-filled, typed and shaped, freed exactly once when the last view dies, CUDA errors surface
+as exceptions naming the operation, and a device without concurrent managed access (Windows, WSL2) is
+never asked to prefetch.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class FakeLib:
         self.memory: dict[int, ctypes.Array] = {}
         self.calls: list[tuple] = []
         self.fail_alloc, self.fail_prefetch = fail_alloc, fail_prefetch
+        self.concurrent: dict[int, int] = {}  # cudaDevAttrConcurrentManagedAccess per device (default 1)
+        self.fail_attribute = 0
 
         def alloc(out, nbytes):
             self.calls.append(("alloc", nbytes))
@@ -52,7 +55,15 @@ class FakeLib:
             self.calls.append(("prefetch", ptr, nbytes, device, stream))
             return self.fail_prefetch
 
+        def concurrent_access(device, out):
+            self.calls.append(("attribute", device))
+            if self.fail_attribute:
+                return self.fail_attribute
+            out.contents.value = self.concurrent.get(device, 1)
+            return 0
+
         self.bnb_cuda_managed_alloc = alloc
+        self.bnb_cuda_concurrent_managed_access = concurrent_access
         self.bnb_cuda_managed_free = free
         self.bnb_cuda_managed_prefetch = prefetch
         self.bnb_cuda_error_string = lambda rc: b"out of memory" if rc == 2 else b"invalid device"
@@ -75,8 +86,12 @@ def lib(monkeypatch):
     fake = FakeLib()
     monkeypatch.setattr(core_paged, "_PAGED_MEMORY", {})  # the registry is restored after the test
     monkeypatch.setattr(paged, "_device_bytes", _host_bytes)
-    monkeypatch.setattr(paged, "_on_device", lambda index: contextlib.nullcontext())
-    monkeypatch.setattr(paged, "_stream", lambda device: STREAM)
+    monkeypatch.setattr(
+        paged, "_on_device", lambda index: fake.calls.append(("current", index)) or contextlib.nullcontext()
+    )
+    monkeypatch.setattr(paged, "_stream", lambda device: STREAM + device.index)
+    # The fake's tensors live on the host; each stands for the CUDA device it was allocated on.
+    monkeypatch.setattr(paged, "_device_of", lambda t: torch.device("cuda", t.page_deviceid))
     paged.register(fake)
     return fake
 
@@ -87,7 +102,7 @@ def test_register_gives_cuda_paged_memory(lib):
 
 def test_get_paged_allocates_zeroed_typed_managed_memory(lib):
     t = functional.get_paged(3, 5, dtype=torch.float16, device="cuda:0")
-    assert lib.calls == [("alloc", 30)]
+    assert lib.calls == [("current", 0), ("alloc", 30)]
     assert t.is_paged and t.page_deviceid == 0
     assert t.shape == (3, 5) and t.dtype == torch.float16 and not t.any()
     (ptr,) = lib.memory
@@ -114,17 +129,51 @@ def _prefetch(t, to_cpu=False):
     core_paged._PAGED_MEMORY["cuda"].prefetch(t, None if to_cpu else torch.device("cuda", t.page_deviceid))
 
 
+def _prefetches(lib):
+    return [c for c in lib.calls if c[0] == "prefetch"]
+
+
 def test_prefetch_to_device_and_host(lib):
     t = functional.get_paged(4, 4, dtype=torch.float32, device="cuda:1")
+    del lib.calls[:]
     _prefetch(t)
     _prefetch(t, to_cpu=True)
-    assert lib.calls[1:] == [("prefetch", t.data_ptr(), 64, 1, STREAM), ("prefetch", t.data_ptr(), 64, -1, STREAM)]
+    # On the tensor's device's current stream, with that device current (stream 0 is per device).
+    assert lib.calls == [
+        ("attribute", 1), ("current", 1), ("prefetch", t.data_ptr(), 64, 1, STREAM + 1),
+        ("current", 1), ("prefetch", t.data_ptr(), 64, -1, STREAM + 1),
+    ]  # fmt: skip
+
+
+def test_no_prefetch_without_concurrent_managed_access(lib):
+    # Windows (WDDM), WSL2, some Jetsons: cudaMemPrefetchAsync fails there, so the core's prefetch_tensor
+    # (called on every step of a paged optimizer) must do nothing rather than raise.
+    lib.concurrent = {0: 0, 1: 1}
+    t0 = functional.get_paged(8, dtype=torch.float32, device="cuda:0")
+    t1 = functional.get_paged(8, dtype=torch.float32, device="cuda:1")
+    for _ in range(3):
+        _prefetch(t0)
+        _prefetch(t0, to_cpu=True)  # the stream's device needs the attribute as well
+        core_paged._PAGED_MEMORY["cuda"].prefetch(t1, torch.device("cuda", 0))  # so does the target
+    assert _prefetches(lib) == []
+    _prefetch(t1)
+    assert _prefetches(lib) == [("prefetch", t1.data_ptr(), 32, 1, STREAM + 1)]
+    # Read once per device, not per step.
+    assert sorted(c for c in lib.calls if c[0] == "attribute") == [("attribute", 0), ("attribute", 1)]
+
+
+def test_a_failed_attribute_query_names_the_device(lib):
+    lib.fail_attribute = 101
+    t = functional.get_paged(4, dtype=torch.float32, device="cuda:0")
+    with pytest.raises(RuntimeError, match=r"cudaDevAttrConcurrentManagedAccess of CUDA device 0 failed"):
+        _prefetch(t)
+    assert _prefetches(lib) == []
 
 
 def test_empty_tensor(lib):
     t = functional.get_paged(0, 7, dtype=torch.float32, device="cuda:0")
     _prefetch(t)
-    assert t.shape == (0, 7) and lib.calls[0] == ("alloc", 1)  # cudaMallocManaged rejects 0 bytes
+    assert t.shape == (0, 7) and lib.calls[:2] == [("current", 0), ("alloc", 1)]  # cudaMallocManaged rejects 0 bytes
     assert not any(c[0] == "prefetch" for c in lib.calls)
 
 

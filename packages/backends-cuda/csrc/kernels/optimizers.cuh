@@ -188,20 +188,26 @@ struct SharedMap {
   unsigned char order[256];  // code of each value-sorted slot
 };
 
+// The order of torch.sort, which the reference's stable argsort of the map uses: numbers ascending, then
+// every NaN (quant.cu's quant_map_prepare sorts the same way). With plain `<` a NaN would rank 0 next to
+// the smallest number: two threads writing one slot, and slots nobody writes.
+__device__ __forceinline__ bool map_sorts_before(float a, float b) { return a < b || (b != b && a == a); }
+
 // Every thread of the block must call it (it has barriers); `sorted` is 256 floats of scratch.
 __device__ __forceinline__ void build_map(const float* __restrict__ qmap, SharedMap& m, float* sorted) {
   const int t = threadIdx.x;
   const float v = qmap[t];
   m.values[t] = v;
   __syncthreads();
-  // Entries before this one in a stable sort: smaller, or equal with a lower index. Maps are normally
-  // sorted already (the dynamic maps are): then the rank is the index, and one vote saves the count.
+  // Entries before this one in a stable sort: earlier in the order, or tied with a lower index; the ranks
+  // are then a permutation of 0..255. Maps are normally sorted already (the dynamic maps are): then the
+  // rank is the index, and one vote saves the count.
   int rank = t;
-  if (!__syncthreads_and(t == 255 || v <= m.values[t + 1])) {
+  if (!__syncthreads_and(t == 255 || !map_sorts_before(m.values[t + 1], v))) {
     rank = 0;
     for (int j = 0; j < 256; ++j) {
-      float u = m.values[j];
-      rank += (u < v) | ((u == v) & (j < t));
+      const float u = m.values[j];
+      rank += map_sorts_before(u, v) || (j < t && !map_sorts_before(v, u));
     }
   }
   sorted[rank] = v;
@@ -211,7 +217,9 @@ __device__ __forceinline__ void build_map(const float* __restrict__ qmap, Shared
   __syncthreads();
 }
 
-// Number of midpoints below s, by an 8-step branchless search (NaN -> 255, as the reference).
+// Number of midpoints below s, by an 8-step branchless search (NaN -> 255, as the reference). Its probes
+// are those of torch.bucketize's lower bound over the 255 midpoints, so even a map holding NaN (whose
+// midpoints are then not monotone) gives the reference's slot.
 __device__ __forceinline__ int sorted_slot(const float* mids, float s) {
   int j = 0;
 #pragma unroll

@@ -5,7 +5,8 @@ imports only ``bitsandbytes_cuda.tables``. Each output includes one ``csrc/kerne
 
     extern "C" int bnb_cuda_<name>(unsigned gx, gy, gz, bx, by, bz, unsigned shmem, void* stream, params...)
 
-which launches ``expr<<<grid, block, shmem, stream>>>(params...)`` and returns ``cudaGetLastError()``.
+which clears the runtime's last error, launches ``expr<<<grid, block, shmem, stream>>>(params...)`` and
+returns ``cudaGetLastError()``.
 One file per source lets the build compile the families in parallel. ``launchers.gen.h`` declares every
 launcher, for the library's own C code that calls them (``upstream_api.cu``). Compiled in the kernel
 emulator (``BNB_EMU``), a launcher runs the kernel there instead, so the C code above the launchers can
@@ -33,22 +34,29 @@ def _signature(k) -> str:
 
 def launcher(k) -> str:
     args = ", ".join(f"p{i}" for i in range(len(k.params)))
+    # The runtime's last-error state may still hold a failure of one of this library's own earlier calls
+    # (a failed probe or prefetch, a refused cudaFuncSetAttribute): cleared first, so that the error
+    # returned is this launch's. The emulator models the same state (bnb_emu/cuda.h).
     return (
         f"{_signature(k)} {{\n"
         f"  const auto kernel = &{k.expr};\n"
+        "  (void)cudaGetLastError();\n"
         "#ifdef BNB_EMU\n"
         "  bnb_cuda_emu_last_stream = stream;\n"
-        f'  return ::bnb_emu::cuda::launch("{k.name}", kernel, dim3(gx, gy, gz), dim3(bx, by, bz), shmem'
+        f'  (void)::bnb_emu::cuda::launch("{k.name}", kernel, dim3(gx, gy, gz), dim3(bx, by, bz), shmem'
         f"{', ' if args else ''}{args});\n"
         "#else\n"
         f"  if (shmem > {DEFAULT_SHMEM_LIMIT}) {{\n"
         "    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shmem);\n"
-        "    if (e != cudaSuccess) return static_cast<int>(e);\n"
+        "    if (e != cudaSuccess) {\n"
+        "      (void)cudaGetLastError();  // handled here: reported once, not again by the next launch\n"
+        "      return static_cast<int>(e);\n"
+        "    }\n"
         "  }\n"
         "  kernel<<<dim3(gx, gy, gz), dim3(bx, by, bz), shmem, static_cast<cudaStream_t>(stream)>>>"
         f"({args});\n"
-        "  return static_cast<int>(cudaGetLastError());\n"
         "#endif\n"
+        "  return static_cast<int>(cudaGetLastError());\n"
         "}\n"
     )
 

@@ -8,7 +8,6 @@ against the table entry first, so both raise the same errors for the same mistak
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import numbers
 import os
@@ -377,24 +376,48 @@ def check_device(index: int) -> None:
     _checked_devices.add(index)
 
 
+_stream_of = None  # device index -> raw handle of its current stream; chosen at the first launch
+
+
+def _current_stream_getter():
+    """torch's cheapest current-stream query: ``torch._C._cuda_getCurrentRawStream(index)`` (an int, no
+    ``Stream`` object; what torch's own generated code calls), else the public API."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda index: torch.cuda.current_stream(index).cuda_stream
+
+
 def _launch_real(k: Kernel, grid, block, shmem: int, args: list) -> None:
+    global _stream_of
     import torch
 
     device = None
+    raw = list(args)
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
+            d = a.get_device()  # an int: cheaper than a.device, which builds a torch.device
             if device is None:
-                device = a.device
-            elif a.device != device:
-                raise ValueError(f"{k.name}: argument {i} is on {a.device}, the first tensor argument on {device}")
-    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-    fn = _function(k)
-    raw = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-    guard = torch.cuda.device(index) if index != torch.cuda.current_device() else contextlib.nullcontext()
-    with guard:
-        check_device(index)
-        stream = torch.cuda.current_stream(index).cuda_stream
-        rc = fn(*grid, *block, shmem, stream, *raw)
+                device = d
+            elif d != device:
+                raise ValueError(f"{k.name}: argument {i} is on {a.device}, the first tensor argument on cuda:{device}")
+            raw[i] = a.data_ptr()
+    fn = _fns.get(k.name) or _function(k)
+    if _stream_of is None:
+        _stream_of = _current_stream_getter()
+    stream_of = _stream_of
+    current = torch.cuda.current_device()
+    index = current if device is None else device
+    if index == current:
+        if index not in _checked_devices:
+            check_device(index)
+        rc = fn(*grid, *block, shmem, stream_of(index), *raw)
+    else:
+        with torch.cuda.device(index):
+            check_device(index)
+            rc = fn(*grid, *block, shmem, stream_of(index), *raw)
     if rc:
         raise RuntimeError(f"CUDA kernel {k.name} (grid {grid}, block {block}, shmem {shmem}): {error_string(rc)}")
 

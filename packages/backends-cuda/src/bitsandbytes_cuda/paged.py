@@ -7,6 +7,11 @@ between host and GPU on demand, and ``prefetch_tensor`` migrates them ahead of u
 
 A managed allocation becomes a CUDA tensor through ``__cuda_array_interface__`` (zero copy; torch keeps
 the owning ``ManagedBuffer`` alive as long as any view of it and frees the memory after the last one).
+
+A prefetch is skipped where a device involved (the target, and the device whose stream orders it) has
+``cudaDevAttrConcurrentManagedAccess == 0``: every GPU under Windows (WDDM) and WSL2, some Jetsons. There
+``cudaMemPrefetchAsync`` fails, and the driver migrates the pages itself at each launch (upstream's
+``cprefetch`` skips the same way). The attribute is read once per device.
 """
 
 from __future__ import annotations
@@ -61,11 +66,16 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _device_of(tensor: torch.Tensor) -> torch.device:
+    return tensor.device
+
+
 def _typed(lib) -> None:
     for name, res, args in (
         ("bnb_cuda_managed_alloc", ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
         ("bnb_cuda_managed_free", ctypes.c_int, [ctypes.c_void_p]),
         ("bnb_cuda_managed_prefetch", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+        ("bnb_cuda_concurrent_managed_access", ctypes.c_int, [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]),
         ("bnb_cuda_error_string", ctypes.c_char_p, [ctypes.c_int]),
     ):
         fn = getattr(lib, name)
@@ -85,12 +95,30 @@ def register(lib) -> None:
             raw = _device_bytes(ManagedBuffer(lib, ptr.value, nbytes), device)
         return raw.view(dtype).view(shape).zero_()
 
+    concurrent: dict[int, bool] = {}  # device index -> cudaDevAttrConcurrentManagedAccess != 0
+
+    def can_prefetch(index: int) -> bool:
+        known = concurrent.get(index)
+        if known is None:
+            value = ctypes.c_int(0)
+            rc = lib.bnb_cuda_concurrent_managed_access(index, ctypes.pointer(value))
+            _check(lib, rc, f"reading cudaDevAttrConcurrentManagedAccess of CUDA device {index}")
+            known = concurrent[index] = value.value != 0
+        return known
+
     def prefetch(tensor: torch.Tensor, device: torch.device | None) -> None:
         nbytes = tensor.numel() * tensor.element_size()
         if nbytes == 0:
             return
+        source = _device_of(tensor)
+        index = _index(source)
         target = -1 if device is None else _index(device)
-        rc = lib.bnb_cuda_managed_prefetch(tensor.data_ptr(), nbytes, target, _stream(tensor.device))
+        if not can_prefetch(index) or (target >= 0 and target != index and not can_prefetch(target)):
+            return
+        # The stream is the tensor's device's current one; stream 0 means the legacy stream of the current
+        # device, so that device is made current too.
+        with _on_device(index):
+            rc = lib.bnb_cuda_managed_prefetch(tensor.data_ptr(), nbytes, target, _stream(source))
         _check(lib, rc, f"prefetching {nbytes} bytes of managed memory to {'the host' if target < 0 else device}")
 
     register_paged_memory("cuda", allocate, prefetch)

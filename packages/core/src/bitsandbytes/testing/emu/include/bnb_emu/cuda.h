@@ -818,6 +818,26 @@ inline int shfl_width(int w = 32) { return w; }
 // Inline PTX cannot run on the host.
 #define asm BNB_EMU_UNSUPPORTED("inline asm (PTX)");
 
+// ---- the runtime's last-error state ------------------------------------------------------------------
+// As the CUDA runtime keeps it per host thread: a failed launch records an error, cudaGetLastError()
+// returns the recorded one and resets it, cudaPeekAtLastError() only reads it. Enough for host code that
+// clears the state before a launch and reports cudaGetLastError() after it. Codes are the runtime's.
+enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorLaunchFailure = 719 };
+typedef enum cudaError cudaError_t;
+
+namespace bnb_emu {
+namespace cuda {
+inline thread_local cudaError_t last_runtime_error = cudaSuccess;
+}  // namespace cuda
+}  // namespace bnb_emu
+
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t e = ::bnb_emu::cuda::last_runtime_error;
+  ::bnb_emu::cuda::last_runtime_error = cudaSuccess;
+  return e;
+}
+inline cudaError_t cudaPeekAtLastError() { return ::bnb_emu::cuda::last_runtime_error; }
+
 // ---- launching ---------------------------------------------------------------------------------------
 namespace bnb_emu {
 namespace cuda {
@@ -825,7 +845,8 @@ namespace cuda {
 inline Dim3 to_dim3(dim3 d) { return Dim3{d.x, d.y, d.z}; }
 
 // kernel<<<grid, block, shmem>>>(args...) for host C++ code: runs the kernel with the arguments as given
-// (raw pointers, no guarded copies). Returns 0 or nonzero with bnb_emu::last_error() set.
+// (raw pointers, no guarded copies). Returns 0, or nonzero with bnb_emu::last_error() set (the message)
+// and cudaErrorLaunchFailure recorded for cudaGetLastError(), as a failed launch on hardware records one.
 template <class... P, class... A>
 int launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem, A&&... args) {
   LaunchConfig cfg;
@@ -835,7 +856,9 @@ int launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t
   cfg.dynamic_shared = shmem;
   cfg.warp_size = 32;
   auto body = [&]() { kernel(static_cast<P>(args)...); };
-  return ::bnb_emu::launch(cfg, body);
+  const int rc = ::bnb_emu::launch(cfg, body);
+  if (rc != 0) last_runtime_error = cudaErrorLaunchFailure;
+  return rc;
 }
 
 // The C ABI entry behind BNB_EMU_CUDA_EXPORT: grid and block as 3 unsigned each.
