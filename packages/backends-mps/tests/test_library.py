@@ -406,7 +406,7 @@ def pipelines(mac, monkeypatch):
 def test_a_pipeline_too_small_for_the_launch_keeps_its_op_on_the_reference(pipelines):
     pipelines["int8_row_quant_f16"] = lambda k: _Pipeline(k, limit=128)
     st = library.load()
-    want = tables.get("int8_row_quant_f16").max_threads if hasattr(tables.Kernel, "max_threads") else 1024
+    want = tables.get("int8_row_quant_f16").max_threads
     why = f"its pipeline allows 128 threads per threadgroup, and the host launches it with up to {want}"
     assert st.dropped == {"int8_row_quant_f16": why}
     assert not library.has("int8_row_quant_f16") and library.has("int8_row_quant_f32")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _assemble, tables
-from .tables import FLOAT_ELEMENTS, SCALAR_TYPES, Kernel
+from .tables import FLOAT_ELEMENTS, SCALAR_TYPES, SIMD_WIDTH, Kernel
 
 __all__ = [
     "METALLIB",
@@ -49,8 +49,6 @@ __all__ = [
 ]
 
 METALLIB = Path(__file__).parent / "bitsandbytes.metallib"
-_MAX_GROUP = 1024  # Apple GPUs: threads per threadgroup
-SIMD_WIDTH = 32  # every kernel's SIMD-group code (lane = lid % 32, one simd_max per 32 values) assumes it
 
 
 class KernelUnavailable(RuntimeError):
@@ -199,10 +197,9 @@ def _admit(status: Status, k: Kernel, fn: Any) -> None:
     except Exception as e:
         status.dropped[k.name] = f"its pipeline's properties cannot be read: {_describe(e)}"
         return
-    wanted = getattr(k, "max_threads", _MAX_GROUP)
-    if limit < wanted:
+    if limit < k.max_threads:
         status.dropped[k.name] = (
-            f"its pipeline allows {limit} threads per threadgroup, and the host launches it with up to {wanted}"
+            f"its pipeline allows {limit} threads per threadgroup, and the host launches it with up to {k.max_threads}"
         )
     elif width != SIMD_WIDTH:
         status.dropped[k.name] = f"its pipeline's SIMD width is {width}; the kernels assume {SIMD_WIDTH}"
@@ -406,9 +403,10 @@ def dispatch(name: str, *args: Any, threads: int | tuple[int, ...], group_size: 
     total = 1
     for d in g:
         total *= d
-    limit = getattr(k, "max_threads", _MAX_GROUP)
-    if total > limit:
-        raise ValueError(f"kernel {name}: group_size {g} has {total} threads; it is declared for at most {limit}")
+    if total > k.max_threads:
+        raise ValueError(
+            f"kernel {name}: group_size {g} has {total} threads; it is declared for at most {k.max_threads}"
+        )
     bound, casts = _check_args(k, args)
     threads_arg = t[0] if len(t) == 1 else list(t)
     group_arg = g[0] if len(g) == 1 else list(g)
