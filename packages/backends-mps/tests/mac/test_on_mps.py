@@ -26,6 +26,21 @@ def test_backend_loaded_natively():
     assert info["ops on the reference"] == "none", info
 
 
+def test_every_pipeline_runs_its_kernel_as_launched():
+    """The real pipelines' limits against the host's launch sizes: a pipeline below its kernel's
+    max_threads or of another SIMD width would have dropped the kernel at load (st.dropped says which)."""
+    from bitsandbytes_mps import tables
+
+    st = library.status()
+    assert st.dropped == {}, st.dropped
+    for name, k in tables.all_kernels().items():
+        fn = library._kernels.get(name)
+        if fn is None:  # absent from the library (st.missing), asserted elsewhere
+            continue
+        assert fn.max_threads_per_threadgroup >= k.max_threads, name
+        assert fn.thread_execution_width == tables.SIMD_WIDTH, name
+
+
 def test_bfloat_kernels_load_on_macos_14():
     import platform
 
