@@ -304,7 +304,7 @@ def test_dispatch_checks_count_and_launch_sizes(emulated):
 
 def test_emulated_loader_loads_every_source(emulated):
     assert emulated.path == "emulated"
-    assert emulated.reasons == {} and emulated.missing == []
+    assert emulated.reasons == {} and emulated.missing == [] and emulated.dropped == {}
 
 
 def test_paged_state_is_plain_memory_on_unified_memory():

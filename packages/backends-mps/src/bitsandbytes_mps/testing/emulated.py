@@ -27,9 +27,10 @@ def pytest_configure(config) -> None:
     library.use_emulator(True)
     status = library.load()
     failed = {s: r for s, r in status.reasons.items() if s != "metallib"}
-    if failed or status.missing:
-        # In emulation every source must compile: a failure here is a kernel bug, not a fallback.
-        raise RuntimeError(f"emulated Metal sources failed to load: {failed or status.missing}")
+    if failed or status.missing or status.dropped:
+        # In emulation every source must compile and every kernel fit its declared launch size: a
+        # failure here is a kernel bug, not a fallback.
+        raise RuntimeError(f"emulated Metal sources failed to load: {failed or status.missing or status.dropped}")
     REGISTERED_OPS[:] = sorted(ops.register_all("cpu"))
 
 
