@@ -378,13 +378,16 @@ def fourbit_roundtrip(blocksize, quant_type, ops):
 @pytest.mark.parametrize("blocksize", [64, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_subnormal_blocks_meet_the_contract_when_flushed(emulator, code, dtype, blocksize):
+    """Codes of the blocks with a subnormal absmax (below MIN_SCALE, and the tail between MIN_SCALE and
+    2**-126, where a flushed 1 / absmax was inf and the codes those of NaN) and every absmax are the
+    reference's bytes; the rest within the contract."""
     emulator(ftz=True)
     A = subnormal_blocks(dtype, blocksize)
     how = [assert_subnormal_contract(A, blockwise_roundtrip(code, blocksize, OURS),
-                                     blockwise_roundtrip(code, blocksize, REFERENCE))]  # fmt: skip
+                                     blockwise_roundtrip(code, blocksize, REFERENCE), blocksize)]  # fmt: skip
     for qt in QUANT_TYPES:
         how.append(assert_subnormal_contract(A, fourbit_roundtrip(blocksize, qt, OURS),
-                                             fourbit_roundtrip(blocksize, qt, REFERENCE)))  # fmt: skip
+                                             fourbit_roundtrip(blocksize, qt, REFERENCE), blocksize))  # fmt: skip
     if dtype == torch.float16:
         assert how == ["exact"] * 3  # float16 subnormals are normal float32 values: nothing is flushed
 
@@ -395,12 +398,12 @@ def test_subnormal_blocks_are_exact_without_flushing(emulator, code, dtype):
     emulator(ftz=False)
     A = subnormal_blocks(dtype, 64)
     assert (
-        assert_subnormal_contract(A, blockwise_roundtrip(code, 64, OURS), blockwise_roundtrip(code, 64, REFERENCE))
+        assert_subnormal_contract(A, blockwise_roundtrip(code, 64, OURS), blockwise_roundtrip(code, 64, REFERENCE), 64)
         == "exact"
     )
     for qt in QUANT_TYPES:
         assert (
-            assert_subnormal_contract(A, fourbit_roundtrip(64, qt, OURS), fourbit_roundtrip(64, qt, REFERENCE))
+            assert_subnormal_contract(A, fourbit_roundtrip(64, qt, OURS), fourbit_roundtrip(64, qt, REFERENCE), 64)
             == "exact"
         )
 
@@ -418,12 +421,37 @@ def test_the_contract_rejects_results_off_by_more_than_the_smallest_normal(code)
         return run
 
     A = subnormal_blocks(torch.float32, 64)
-    assert assert_subnormal_contract(A, off_by(2.0**-127), blockwise_roundtrip(code, 64, REFERENCE)) == "per element"
+    assert (
+        assert_subnormal_contract(A, off_by(2.0**-127), blockwise_roundtrip(code, 64, REFERENCE), 64) == "per element"
+    )
     with pytest.raises(AssertionError, match=r"dequantized value 1 .* within 2\*\*-126"):
-        assert_subnormal_contract(A, off_by(2.0**-125), blockwise_roundtrip(code, 64, REFERENCE))
+        assert_subnormal_contract(A, off_by(2.0**-125), blockwise_roundtrip(code, 64, REFERENCE), 64)
     half = subnormal_blocks(torch.float16, 64)
     with pytest.raises(AssertionError, match="float16 input must give the reference's results bit for bit"):
-        assert_subnormal_contract(half, off_by(2.0**-24), blockwise_roundtrip(code, 64, REFERENCE))
+        assert_subnormal_contract(half, off_by(2.0**-24), blockwise_roundtrip(code, 64, REFERENCE), 64)
+
+
+def test_the_contract_rejects_a_changed_code_or_absmax_of_a_subnormal_block(code):
+    """Codes of a block whose absmax is subnormal, and every absmax, must be the reference's: a flushed
+    absmax (0), or the code of 0 for a subnormal value, fails it, though both dequantize within 2**-126."""
+
+    def changed(what):
+        def run(A):
+            q, absmax, deq = (t.clone() for t in blockwise(A, code, 64, REFERENCE))
+            if what == "absmax":
+                absmax[0] = 0.0
+            else:
+                q.view(-1)[1] = q.view(-1)[int(A.flatten()[:64].abs().argmin())]
+            return [q, absmax, deq]
+
+        return run
+
+    A = subnormal_blocks(torch.float32, 64)
+    reference = blockwise_roundtrip(code, 64, REFERENCE)
+    with pytest.raises(AssertionError, match=r"block absmax 0 is 0\.0"):
+        assert_subnormal_contract(A, changed("absmax"), reference, 64)
+    with pytest.raises(AssertionError, match=r"code in a block of subnormal absmax 1 "):
+        assert_subnormal_contract(A, changed("code"), reference, 64)
 
 
 # ------------------------------------------------------- blocks whose absmax is subnormal, flushed
