@@ -485,14 +485,17 @@ def subnormal_absmax_blocks(dtype: torch.dtype, blocksize: int, tail: float, see
 SUBNORMAL_DTYPES = (torch.float32, torch.bfloat16)  # float16 has no float32 subnormals: test_subnormal_blocks_*
 
 
+@pytest.mark.parametrize("fast_math", [False, True], ids=["safe-math", "fast-math"])
 @pytest.mark.parametrize("tail", [0.3 * MIN_SCALE, 1.1e-38], ids=["tail-below-min-scale", "tail-in-window"])
 @pytest.mark.parametrize("blocksize", [64, 256])
 @pytest.mark.parametrize("dtype", SUBNORMAL_DTYPES, ids=str)
-def test_subnormal_absmax_blocks_give_the_reference_codes_when_flushed(emulator, code, dtype, blocksize, tail):
+def test_subnormal_absmax_blocks_give_the_reference_codes_when_flushed(
+    emulator, code, dtype, blocksize, tail, fast_math
+):
     """A GPU that flushes subnormals scales a block whose absmax is subnormal by its values' mantissas: codes
     and absmax are the reference's bytes (before, 1 / absmax was inf there and the codes those of NaN or 0);
     the dequantized values (code * subnormal absmax, flushed) are within 2**-126 of the reference's."""
-    emulator(ftz=True)
+    emulator(ftz=True, fast_math=fast_math)
     A = subnormal_absmax_blocks(dtype, blocksize, tail)
     runs = {"blockwise": (lambda ops: blockwise(A, code, blocksize, ops))}
     for qt in QUANT_TYPES:
