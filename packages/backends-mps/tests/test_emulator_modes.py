@@ -8,7 +8,9 @@
 - BNB_EMU_METAL_FAST_MATH=1 (PYTORCH_MPS_FAST_MATH=1 on a Mac: the compiler may assume no NaN or
   infinity): NaN and infinity inputs must give what they give under safe math, which is the reference's;
 - BNB_EMU_METAL_FTZ=1 (Apple GPUs flush float32 and bfloat16 subnormals): blocks of subnormal values meet
-  the documented contract (bitsandbytes_mps.testing.subnormals, shared with tests/mac).
+  the documented contract (bitsandbytes_mps.testing.subnormals, shared with tests/mac); a block whose
+  absmax is subnormal gets the reference's codes and absmax bytes (quantizers, int8 rows, the 8-bit
+  optimizers' requantization), and no NaN.
 
 Comparisons are as strict as in test_quant.py / test_int8.py / test_optimizers.py: bytes for codes and
 absmax, exact dequantized values, the matmul bound for gemv, p within 1e-5 for the optimizers.
