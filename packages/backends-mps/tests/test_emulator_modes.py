@@ -8,7 +8,9 @@
 - BNB_EMU_METAL_FAST_MATH=1 (PYTORCH_MPS_FAST_MATH=1 on a Mac: the compiler may assume no NaN or
   infinity): NaN and infinity inputs must give what they give under safe math, which is the reference's;
 - BNB_EMU_METAL_FTZ=1 (Apple GPUs flush float32 and bfloat16 subnormals): blocks of subnormal values meet
-  the documented contract (bitsandbytes_mps.testing.subnormals, shared with tests/mac).
+  the documented contract (bitsandbytes_mps.testing.subnormals, shared with tests/mac); a block whose
+  absmax is subnormal gets the reference's codes and absmax bytes (quantizers, int8 rows, the 8-bit
+  optimizers' requantization), and no NaN.
 
 Comparisons are as strict as in test_quant.py / test_int8.py / test_optimizers.py: bytes for codes and
 absmax, exact dequantized values, the matmul bound for gemv, p within 1e-5 for the optimizers.
@@ -378,13 +380,16 @@ def fourbit_roundtrip(blocksize, quant_type, ops):
 @pytest.mark.parametrize("blocksize", [64, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_subnormal_blocks_meet_the_contract_when_flushed(emulator, code, dtype, blocksize):
+    """Codes of the blocks with a subnormal absmax (below MIN_SCALE, and the tail between MIN_SCALE and
+    2**-126, where a flushed 1 / absmax was inf and the codes those of NaN) and every absmax are the
+    reference's bytes; the rest within the contract."""
     emulator(ftz=True)
     A = subnormal_blocks(dtype, blocksize)
     how = [assert_subnormal_contract(A, blockwise_roundtrip(code, blocksize, OURS),
-                                     blockwise_roundtrip(code, blocksize, REFERENCE))]  # fmt: skip
+                                     blockwise_roundtrip(code, blocksize, REFERENCE), blocksize)]  # fmt: skip
     for qt in QUANT_TYPES:
         how.append(assert_subnormal_contract(A, fourbit_roundtrip(blocksize, qt, OURS),
-                                             fourbit_roundtrip(blocksize, qt, REFERENCE)))  # fmt: skip
+                                             fourbit_roundtrip(blocksize, qt, REFERENCE), blocksize))  # fmt: skip
     if dtype == torch.float16:
         assert how == ["exact"] * 3  # float16 subnormals are normal float32 values: nothing is flushed
 
@@ -395,12 +400,12 @@ def test_subnormal_blocks_are_exact_without_flushing(emulator, code, dtype):
     emulator(ftz=False)
     A = subnormal_blocks(dtype, 64)
     assert (
-        assert_subnormal_contract(A, blockwise_roundtrip(code, 64, OURS), blockwise_roundtrip(code, 64, REFERENCE))
+        assert_subnormal_contract(A, blockwise_roundtrip(code, 64, OURS), blockwise_roundtrip(code, 64, REFERENCE), 64)
         == "exact"
     )
     for qt in QUANT_TYPES:
         assert (
-            assert_subnormal_contract(A, fourbit_roundtrip(64, qt, OURS), fourbit_roundtrip(64, qt, REFERENCE))
+            assert_subnormal_contract(A, fourbit_roundtrip(64, qt, OURS), fourbit_roundtrip(64, qt, REFERENCE), 64)
             == "exact"
         )
 
@@ -418,9 +423,197 @@ def test_the_contract_rejects_results_off_by_more_than_the_smallest_normal(code)
         return run
 
     A = subnormal_blocks(torch.float32, 64)
-    assert assert_subnormal_contract(A, off_by(2.0**-127), blockwise_roundtrip(code, 64, REFERENCE)) == "per element"
+    assert (
+        assert_subnormal_contract(A, off_by(2.0**-127), blockwise_roundtrip(code, 64, REFERENCE), 64) == "per element"
+    )
     with pytest.raises(AssertionError, match=r"dequantized value 1 .* within 2\*\*-126"):
-        assert_subnormal_contract(A, off_by(2.0**-125), blockwise_roundtrip(code, 64, REFERENCE))
+        assert_subnormal_contract(A, off_by(2.0**-125), blockwise_roundtrip(code, 64, REFERENCE), 64)
     half = subnormal_blocks(torch.float16, 64)
     with pytest.raises(AssertionError, match="float16 input must give the reference's results bit for bit"):
-        assert_subnormal_contract(half, off_by(2.0**-24), blockwise_roundtrip(code, 64, REFERENCE))
+        assert_subnormal_contract(half, off_by(2.0**-24), blockwise_roundtrip(code, 64, REFERENCE), 64)
+
+
+def test_the_contract_rejects_a_changed_code_or_absmax_of_a_subnormal_block(code):
+    """Codes of a block whose absmax is subnormal, and every absmax, must be the reference's: a flushed
+    absmax (0), or the code of 0 for a subnormal value, fails it, though both dequantize within 2**-126."""
+
+    def changed(what):
+        def run(A):
+            q, absmax, deq = (t.clone() for t in blockwise(A, code, 64, REFERENCE))
+            if what == "absmax":
+                absmax[0] = 0.0
+            else:
+                q.view(-1)[1] = q.view(-1)[int(A.flatten()[:64].abs().argmin())]
+            return [q, absmax, deq]
+
+        return run
+
+    A = subnormal_blocks(torch.float32, 64)
+    reference = blockwise_roundtrip(code, 64, REFERENCE)
+    with pytest.raises(AssertionError, match=r"block absmax 0 is 0\.0"):
+        assert_subnormal_contract(A, changed("absmax"), reference, 64)
+    with pytest.raises(AssertionError, match=r"code in a block of subnormal absmax 1 "):
+        assert_subnormal_contract(A, changed("code"), reference, 64)
+
+
+# ------------------------------------------------------- blocks whose absmax is subnormal, flushed
+
+MIN_SCALE = 2.0**-149 * 0x006CE3EE  # bitsandbytes._formats.MIN_SCALE (1e-38) in float32: itself subnormal
+
+
+def subnormal_absmax_blocks(dtype: torch.dtype, blocksize: int, tail: float, seed: int = 0) -> torch.Tensor:
+    """Blocks whose absmax is below MIN_SCALE, between MIN_SCALE and 2**-126 (the window where a flushed
+    1 / absmax is inf), ordinary blocks between them, a window block of signed zeros and 2**-149's, and a
+    short tail whose absmax is ``tail``."""
+    g = torch.Generator().manual_seed(seed)
+    b = blocksize
+
+    def block(size, absmax):
+        r = torch.randn(size, generator=g)
+        return r / r.abs().max() * absmax
+
+    zeros_and_smallest = torch.where(torch.randn(b, generator=g) > 0, 0.0, -0.0)
+    zeros_and_smallest[::5] = 2.0**-149
+    zeros_and_smallest[3::5] = -(2.0**-148)
+    zeros_and_smallest[1] = 1.1e-38
+    parts = [block(b, 0.5 * MIN_SCALE), torch.randn(b, generator=g), block(b, 1.1e-38),
+             block(b, 1.0001 * MIN_SCALE), zeros_and_smallest, block(b, 2.0**-127 * 1.99),
+             torch.randn(b, generator=g), block(b // 2 + 3, tail)]  # fmt: skip
+    A = torch.cat(parts).to(dtype)
+    assert A.float().abs().lt(2.0**-126).logical_and(A != 0).any()
+    return A
+
+
+SUBNORMAL_DTYPES = (torch.float32, torch.bfloat16)  # float16 has no float32 subnormals: test_subnormal_blocks_*
+
+
+@pytest.mark.parametrize("fast_math", [False, True], ids=["safe-math", "fast-math"])
+@pytest.mark.parametrize("tail", [0.3 * MIN_SCALE, 1.1e-38], ids=["tail-below-min-scale", "tail-in-window"])
+@pytest.mark.parametrize("blocksize", [64, 256])
+@pytest.mark.parametrize("dtype", SUBNORMAL_DTYPES, ids=str)
+def test_subnormal_absmax_blocks_give_the_reference_codes_when_flushed(
+    emulator, code, dtype, blocksize, tail, fast_math
+):
+    """A GPU that flushes subnormals scales a block whose absmax is subnormal by its values' mantissas: codes
+    and absmax are the reference's bytes (before, 1 / absmax was inf there and the codes those of NaN or 0);
+    the dequantized values (code * subnormal absmax, flushed) are within 2**-126 of the reference's."""
+    emulator(ftz=True, fast_math=fast_math)
+    A = subnormal_absmax_blocks(dtype, blocksize, tail)
+    runs = {"blockwise": (lambda ops: blockwise(A, code, blocksize, ops))}
+    for qt in QUANT_TYPES:
+        runs[qt] = lambda ops, qt=qt: fourbit(A, blocksize, qt, ops)
+    for what, run in runs.items():
+        got, want = run(OURS), run(REFERENCE)
+        all_bits_equal(got[:2], want[:2], f"{what} {dtype} blocksize={blocksize} codes and absmax")
+        deq, ref_deq = got[2].double(), want[2].double()
+        assert deq.isfinite().all(), f"{what}: non-finite dequantized values"
+        assert ((deq - ref_deq).abs() <= 2.0**-126).all(), f"{what}: dequantized values off by more than 2**-126"
+
+
+def test_int8_rows_with_a_subnormal_absmax_when_flushed(emulator):
+    """The reference's scale 127 / absmax is inf for a subnormal row absmax: nonzero values are +-127 by their
+    sign, zeros 0. A flushing GPU must not read 0 * inf there (a NaN, whose sign then chose the code)."""
+    emulator(ftz=True)
+    g = torch.Generator().manual_seed(11)
+    A = torch.randn((4, 70), generator=g)
+    A[1] = A[1] / A[1].abs().max() * 1.1e-38
+    A[2] = A[2] / A[2].abs().max() * 0.4 * MIN_SCALE
+    A[2, ::3] = 0.0
+    A[3, ::2] = -0.0
+    A[3] = A[3] / A[3].abs().max() * 2.0**-149 * 3
+    for dtype in SUBNORMAL_DTYPES:
+        for threshold in (0.0, 2.0):
+            X = A.to(dtype)
+            got, want = int8.int8_vectorwise_quant(X, threshold), REFERENCE["int8_vectorwise_quant"](X, threshold)
+            all_bits_equal(got, want, f"int8_vectorwise_quant {dtype} threshold={threshold}")
+
+
+def decaying_8bit_steps(ops, name: str, steps: int):
+    """``steps`` 8-bit steps from a state whose first block (and the short tail) holds values ~1e-37 and
+    sees zero gradients, so its absmax decays by beta through the subnormal range (Adam's m: 0.9**k), as
+    the embedding rows of tokens that never occur do; the middle block trains normally. Returns the
+    [p, state1, state2, absmax1, absmax2] after every step."""
+    B = OPTIMIZER_BLOCKSIZE
+    n = 2 * B + 77
+    gen = torch.Generator().manual_seed(12)
+    qmap1, qmap2 = functional.create_dynamic_map(signed=True).float(), functional.create_dynamic_map(False).float()
+    m = torch.randn(n, generator=gen) * 1e-37
+    m[B : 2 * B] = torch.randn(B, generator=gen) * 0.1
+    s1, a1 = REFERENCE["quantize_blockwise"](m, qmap1, B)
+    two = name == "adam"
+    s2, a2 = REFERENCE["quantize_blockwise"](m.square() if two else m, qmap2, B) if two else (None, None)
+    p = torch.randn(n, generator=gen)
+    history = []
+    for step in range(1, steps + 1):
+        g = torch.zeros(n)
+        g[B : 2 * B] = torch.randn(B, generator=gen)
+        ops["optimizer_update_8bit_blockwise"](
+            name, g, p, s1, s2, HP["beta1"], HP["beta2"], HP["beta3"], HP["alpha"], HP["eps"], step, HP["lr"],
+            qmap1, qmap2 if two else None, a1, a2, 0.0, 1.0,
+        )  # fmt: skip
+        history.append([t.clone() if t is not None else None for t in (p, s1, s2, a1, a2)])
+    return history, (qmap1, qmap2)
+
+
+@pytest.mark.parametrize("name", ["adam", "momentum", "lion"])
+def test_8bit_optimizer_state_decaying_through_subnormals_when_flushed(emulator, name):
+    """Under flushing, no NaN or inf reaches p, a state or an absmax, and each step meets the subnormal
+    contract against the reference run from the same start: p and the states dequantized (code * absmax)
+    within 2**-126 of the reference's (a subnormal state may read as 0), every absmax the reference's or,
+    with it, below 2**-126; the normally trained block stays bit-exact."""
+    emulator(ftz=True)
+    steps = 30  # 0.9**k * 1e-37 passes 2**-126 at k = 21, MIN_SCALE at k = 22
+    ours, maps = decaying_8bit_steps(OURS, name, steps)
+    ref, _ = decaying_8bit_steps(REFERENCE, name, steps)
+    B = OPTIMIZER_BLOCKSIZE
+    for k, (got, want) in enumerate(zip(ours, ref, strict=True), start=1):
+        what = f"{name} step {k}"
+        for t in got:
+            assert t is None or not t.is_floating_point() or t.isfinite().all(), f"{what}: non-finite values"
+        # Lion steps p by lr * sign(m): a flushed subnormal m has sign 0, the reference's +-1, so its p
+        # drifts by lr a step in the decaying blocks (a known difference, docs/pages/apple-silicon.md).
+        trained = slice(B, 2 * B) if name == "lion" else slice(None)
+        torch.testing.assert_close(got[0][trained], want[0][trained], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, what=what: f"{what}: p: {m}")  # fmt: skip
+        for codes, absmax, ref_codes, ref_absmax, qmap in ((got[1], got[3], want[1], want[3], maps[0]),
+                                                           (got[2], got[4], want[2], want[4], maps[1])):  # fmt: skip
+            if codes is None:
+                continue
+            same = absmax.view(torch.int32) == ref_absmax.view(torch.int32)
+            assert (same | ((absmax < 2.0**-126) & (ref_absmax < 2.0**-126))).all(), f"{what}: absmax"
+            deq = (qmap[codes.long()].reshape(-1) * absmax.repeat_interleave(B)[: codes.numel()]).double()
+            ref_deq = qmap[ref_codes.long()].reshape(-1) * ref_absmax.repeat_interleave(B)[: codes.numel()]
+            assert ((deq - ref_deq.double()).abs() <= 2.0**-126).all(), f"{what}: dequantized state"
+            bits_equal(codes[B : 2 * B], ref_codes[B : 2 * B], f"{what}: codes of the trained block")
+
+
+SCALE_PROBE = """
+kernel void scale_probe(device const float* x [[buffer(0)]], device const float* absmax [[buffer(1)]],
+                        device float* out [[buffer(2)]], constant long& full [[buffer(3)]],
+                        uint i [[thread_position_in_grid]]) {
+  out[i] = scale_to_unit(x[i], absmax[i], full != 0);
+}
+"""
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full-block", "short-block"])
+def test_8bit_optimizer_scaling_of_a_subnormal_absmax_when_flushed(full):
+    """optimizers.metal's requantization scaling given a subnormal block absmax as it is stored (a GPU that
+    flushes arithmetic input but keeps a computed subnormal, as some chips are reported to, leaves one
+    there): the reference's x * (1 / max(absmax, MIN_SCALE)) (x / ... for the short block), never NaN.
+    The whole-step test above cannot reach it: emulated flushing also flushes the step's results."""
+    emu.skip_unless_available()
+    lib = emu.metal_library(_assemble.assemble("optimizers.metal", emulated=True) + SCALE_PROBE,
+                            filename="optimizers.metal", ftz=True)  # fmt: skip
+    g = torch.Generator().manual_seed(13)
+    bits = torch.randint(1, 0x00800000, (4096,), generator=g, dtype=torch.int32)
+    bits[:8] = torch.tensor([1, 0x006CE3ED, 0x006CE3EE, 0x006CE3EF, 0x007FFFFF, 0x00400000, 7, 0x006CE3EE])
+    absmax = bits.view(torch.float32)
+    x = absmax * (torch.rand(4096, generator=g) * 2 - 1)  # |x| <= absmax: subnormal or zero
+    x[::7] = absmax[::7] * torch.where(torch.arange(0, 4096, 7) % 2 == 0, 1.0, -1.0)
+    x[3::11] = torch.where(torch.arange(3, 4096, 11) % 2 == 0, 0.0, -0.0)
+    clamped = absmax.clamp(min=_formats.MIN_SCALE)
+    want = (x * (1.0 / clamped) if full else x / clamped).clamp(-1.0, 1.0)
+    out = torch.empty_like(x)
+    lib.scale_probe(x, absmax, out, int(full), threads=4096, group_size=256)
+    bits_equal(out, want, f"scale_to_unit full={full}")

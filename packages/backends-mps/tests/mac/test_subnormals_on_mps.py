@@ -1,7 +1,7 @@
 """On an Apple Silicon Mac: blocks of subnormal values through the quant kernels meet the documented
-contract (bitsandbytes_mps.testing.subnormals): float32/bfloat16 subnormals may be treated as 0, the
-results then being the reference's on the flushed input or within 2**-126 of its dequantized values;
-float16 input is bit-exact. The emulator checks the same assertion with BNB_EMU_METAL_FTZ=1
+contract (bitsandbytes_mps.testing.subnormals): every absmax, and the codes of every block whose absmax is
+subnormal, are the reference's; dequantized values are the flushed input's or within 2**-126 of the
+reference's; float16 input is bit-exact. The emulator checks the same assertion with BNB_EMU_METAL_FTZ=1
 (tests/test_emulator_modes.py); here it is the hardware's own flushing."""
 
 from __future__ import annotations
@@ -49,10 +49,14 @@ def _fourbit(blocksize, quant_type, on_mps):
 def test_subnormal_blocks_on_mps(dtype, blocksize):
     code = functional.create_dynamic_map(signed=True).float()
     A = subnormal_blocks(dtype, blocksize).to("mps")
-    how = [assert_subnormal_contract(A, _blockwise(code, blocksize, True), _blockwise(code, blocksize, False))]
+    how = [
+        assert_subnormal_contract(A, _blockwise(code, blocksize, True), _blockwise(code, blocksize, False), blocksize)
+    ]
     for quant_type in ("nf4", "fp4"):
         how.append(
-            assert_subnormal_contract(A, _fourbit(blocksize, quant_type, True), _fourbit(blocksize, quant_type, False))
+            assert_subnormal_contract(
+                A, _fourbit(blocksize, quant_type, True), _fourbit(blocksize, quant_type, False), blocksize
+            )
         )
     if dtype == torch.float16:
         assert how == ["exact"] * 3

@@ -89,11 +89,15 @@ template <typename T>
   // math lets the compiler assume there is none).
   const float scale = precise::divide(1.0f, amax) * 127.0f;
   const bool all_zero = bnb_int8::codes_are_zero(total);
+  // A subnormal absmax makes the reference's scale inf (127 / absmax > 2**133): every nonzero inlier is
+  // +-127 by its sign. Said on the bits, because a GPU that flushes subnormals reads v * inf as 0 * inf.
+  const bool subnormal_row = total != 0u && total < 0x00800000u;
   for (long i = lid; i < cols; i += group_len) {
     const float v = float(a[i]);
     const bool out = drop && flags[i] != 0;  // |v| >= thr flagged its own column
     const bool zero = out || all_zero || bnb_int8::magnitude_bits(v) == 0u;
-    q[i] = zero ? char(0) : bnb_int8::to_code(v * scale);
+    const char signed_max = as_type<int>(v) < 0 ? char(-127) : char(127);
+    q[i] = zero ? char(0) : (subnormal_row ? signed_max : bnb_int8::to_code(v * scale));
   }
 }
 

@@ -309,7 +309,18 @@ inline float scale_to_unit(float x, float absmax, bool full) {
   if (a >= kInfBits || magnitude_bits(x) >= kInfBits) {
     return magnitude_bits(x) >= kInfBits || a > kInfBits ? as_type<float>(0x7fc00000u) : 0.0f;
   }
-  const float clamped = as_type<float>(max(a, kMinScaleBits));
+  // A subnormal clamped absmax c (kMinScale is one) is 0 to a GPU that flushes subnormals: 1 / c = inf,
+  // x * inf = NaN. Then every x of the block is subnormal or zero too, x = mx * 2**-149 and c = mc *
+  // 2**-149 with integer mantissas below 2**23: x / c = mx / mc, and x * round(1 / c) = mx * round(1 / mc)
+  // exactly (1 / mc and the product are normal, so rounding commutes with the power of two). Scaling the
+  // mantissas, read off the bits, gives the reference's bits whether or not the GPU flushes.
+  const uint c = max(a, kMinScaleBits);
+  float clamped = as_type<float>(c);
+  if (c < 0x00800000u) {
+    const uint b = as_type<uint>(x);
+    x = as_type<float>(as_type<uint>(float(b & 0x007fffffu)) | (b & 0x80000000u));  // sign on the bits: -0
+    clamped = float(c);
+  }
   const float s = full ? x * div_rn(1.0f, clamped) : div_rn(x, clamped);
   return s < -1.0f ? -1.0f : (s > 1.0f ? 1.0f : s);
 }

@@ -67,32 +67,40 @@ inline uint group_max(uint m, uint group, uint lid, uint sg, uint lane, threadgr
   return m;
 }
 
-// Scaling into [-1, 1] as the reference: a full block multiplies by the reciprocal of max(absmax,
-// MIN_SCALE), the short last block divides by it. MIN_SCALE is subnormal, so "absmax < MIN_SCALE" (0 for
-// an all-zero block) is decided on the bits and its reciprocal is a generated (normal) constant: a GPU
-// that flushes subnormals would otherwise see 0 < 0 and scale zeros by 1 / 0.
-// Which values scale to NaN is read off the bits of the block's absmax and of the value (to_nan): a NaN
-// absmax (a NaN in the block), or a value that is inf or NaN (its block's absmax is then inf or NaN: inf /
-// inf). So the NaN code is chosen on loaded bits, never on the bits of a computed NaN, which fast math lets
-// the compiler assume away. In a block whose absmax is inf, a finite value scales to 0 (x / inf).
+// Scaling into [-1, 1] as the reference: a full block multiplies by the reciprocal of c = max(absmax,
+// MIN_SCALE), the short last block divides by c. Which values scale to NaN is read off the bits of the
+// block's absmax and of the value (to_nan): a NaN absmax (a NaN in the block), or a value that is inf or
+// NaN (its block's absmax is then inf or NaN: inf / inf). So the NaN code is chosen on loaded bits, never
+// on the bits of a computed NaN, which fast math lets the compiler assume away. In a block whose absmax is
+// inf, a finite value scales to 0 (x / inf).
+// A subnormal c (absmax below 2**-126; MIN_SCALE itself is subnormal) would be 0 to a GPU that flushes
+// subnormals (Apple's do): 1 / c = inf and x * inf = NaN. Every x of such a block is subnormal or zero
+// too, x = mx * 2**-149 and c = mc * 2**-149 with integer mantissas below 2**23, so x / c = mx / mc, and
+// x * round(1 / c) = mx * round(1 / mc) exactly (the powers of two cancel, and 1 / mc and the product are
+// normal: rounding commutes with them). So such a block scales its values' mantissas, read off the bits,
+// by its absmax's: the reference's bits whether or not the GPU flushes.
 struct BlockScale {
   float clamped, inv;
-  bool full, tiny, nan_block, inf_block;
+  bool full, mantissas, nan_block, inf_block;
   BlockScale(float absmax, bool full_block) {
     const uint a = magnitude_bits(absmax);
-    tiny = a < BNB_MIN_SCALE_BITS;
+    const uint c = max(a, BNB_MIN_SCALE_BITS);
+    mantissas = c < 0x00800000u;
     nan_block = a > 0x7f800000u;
     inf_block = a == 0x7f800000u;
-    clamped = tiny ? BNB_MIN_SCALE : absmax;
-    inv = tiny ? BNB_INV_MIN_SCALE : precise::divide(1.0f, absmax);
+    clamped = mantissas ? float(c) : absmax;
+    inv = precise::divide(1.0f, clamped);
     full = full_block;
   }
   bool to_nan(float x) const { return nan_block || magnitude_bits(x) >= 0x7f800000u; }
   // x scaled, for an x that does not scale to NaN.
   float operator()(float x) const {
     if (inf_block) return 0.0f;  // +-0: one code
-    if (full) return x * inv;
-    return (tiny && magnitude_bits(x) == 0u) ? x : precise::divide(x, clamped);  // +-0 / MIN_SCALE is +-0
+    if (mantissas) {  // +-mx as a float (exact: below 2**23), the sign set on the bits to keep -0
+      const uint b = as_type<uint>(x);
+      x = as_type<float>(as_type<uint>(float(b & 0x007fffffu)) | (b & 0x80000000u));
+    }
+    return full ? x * inv : precise::divide(x, clamped);
   }
 };
 
