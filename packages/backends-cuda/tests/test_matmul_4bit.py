@@ -259,3 +259,10 @@ def test_nvcc_compiles_every_table_entry(tmp_path):
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert len(spills) == len(table.KERNELS) and not any(spills), res.stderr
     assert Path(tmp_path / "k.o").stat().st_size > 0
+
+
+def test_k_beyond_the_fused_kernels_offsets_is_refused(monkeypatch):
+    packed, absmax, _ = quantized(4, 64, 32, "nf4", seed=15)
+    monkeypatch.setattr(ops, "MAX_FUSED_K", 32)  # a 2**31-element row is beyond the emulator's memory
+    with pytest.raises(ValueError, match="K=64 exceeds 32"):
+        ops.gemv_4bit(torch.randn(1, 64), packed, [4, 64], absmax, code_of("nf4"), 32)

@@ -11,7 +11,8 @@
 // gemv_4bit<T, CB, MR>: out[m, n] = sum_k A[m, k] * W[n, k] (+ bias[n]) for up to MR rows of A per
 //   block (a tile of rows; 1, 2, 4 or 8: decoding and small batches). A warp owns kGemvWarpFeatures<MR>
 //   output features and splits K among its lanes; there is no shared memory and no block barrier, so a
-//   warp's first weight loads are its first instructions. The 16-entry code table lives in registers:
+//   warp's first weight loads are its first instructions, and the loads of step s + 1 are issued before
+//   step s is decoded (two steps of B in flight per warp). The 16-entry code table lives in registers:
 //   lane i holds code[i % 16] and a weight is decoded with one shuffle from the lane of its nibble.
 //   Weights are the reference's fp32 values, multiplied into fp32 accumulators with fmaf; a butterfly
 //   sum per warp ends it. CB = bytes of B per lane and chunk: 16 (K % 32 == 0, B 16-byte aligned: one
@@ -31,22 +32,21 @@
 #include "matmul_4bit.cuh"
 
 constexpr int kGemvWarps = 4;  // warps per block
-// Blocks of 4 warps per SM asked of ptxas (__launch_bounds__' second argument, i.e. a register cap of
-// 65536 / (128 * blocks)): left alone it spends up to 96 registers on the one-row kernels for more
-// loads in flight per warp, which costs warps; decoding is latency bound and wants warps (40 per SM at
-// 48 registers; 16 at the former 124). Tiles of 4 and 8 rows hold 4-8 accumulators more and get 64 and
-// 85. Each value is the tightest at which no instantiation spills on sm_80, sm_90 or sm_120 (nvcc 13);
-// tests/test_registers.py holds the one-row ones to <= 64 registers and no spills.
+// Blocks of 4 warps per SM asked of ptxas (__launch_bounds__' second argument: a register cap of
+// 65536 / (128 * blocks)). Left alone it spends up to 96 registers on the one-row kernels, and decoding
+// is latency bound: it needs warps and loads in flight, not registers. 8 blocks (64 registers, 32 warps
+// per SM; the former kernel's 124 left 16) for tiles of 1, 2 and 4 rows; 6 (85) for tiles of 8, whose 8
+// accumulators per feature spill under 64. With nvcc 13 no instantiation spills on sm_80, sm_90 or
+// sm_120; tests/test_registers.py holds the one-row ones to that.
 template <int MR>
-constexpr int kGemvMinBlocks = MR >= 8   ? 6
-                               : MR >= 4 ? 8
-                                         : 10;
+constexpr int kGemvMinBlocks = MR >= 8 ? 6 : 8;
 constexpr int kDequantPerThread = 8;
 
-// Output features per warp: two at few rows (each value of A loaded serves both), one at 4+ rows
-// (the accumulators and A vectors of all rows would not fit in 64 registers otherwise).
+// Output features per warp: two for one row (each value of A loaded serves both: half the L1 traffic of A,
+// which is 4x the bytes of B per weight at fp16), one for tiles of rows (their rows reuse each decoded
+// weight instead, and two features' pipelined loads and accumulators would not fit in 64 registers).
 template <int MR>
-constexpr int kGemvWarpFeatures = MR >= 4 ? 1 : 2;
+constexpr int kGemvWarpFeatures = MR >= 2 ? 1 : 2;
 
 template <typename T, int CB, int MR>
 __global__ void __launch_bounds__(kGemvWarps * 32, kGemvMinBlocks<MR>)
@@ -81,19 +81,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kGemvMinBlocks<MR>)
     constexpr int kW = 2 * CB;          // weights per lane and chunk
     constexpr int kP = 16 / sizeof(T);  // elements of A per 16-byte load: a piece
     constexpr int kWords = CB / 4;
+    // Software pipelined: the weights and scales of the next step are requested before this step's are
+    // decoded, so each warp keeps two steps of loads in flight (decoding is latency bound).
+    unsigned int q[F][kWords];
+    float s[F];
+    const auto fetch = [&](int k, unsigned int (&qq)[F][kWords], float (&ss)[F]) {
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        const long long base = (n0 + f) * K + k;
+        const bool live = k < k_len && f < feats;
+        load_words<CB>(B + (base >> 1), live, qq[f]);
+        ss[f] = live ? scales.at(base, offset) : 0.0f;
+      }
+    };
+    fetch(lane * kW, q, s);
 #pragma unroll 1
     for (int k0 = 0; k0 < k_len; k0 += 32 * kW) {  // uniform over the warp: every lane reaches the shuffles
       const int k = k0 + lane * kW;
       const bool ok = k < k_len;
-      unsigned int q[F][kWords];
-      float s[F];
-#pragma unroll
-      for (int f = 0; f < F; ++f) {
-        const long long base = (n0 + f) * K + k;
-        const bool live = ok && f < feats;
-        load_words<CB>(B + (base >> 1), live, q[f]);
-        s[f] = live ? scales.at(base, offset) : 0.0f;
-      }
+      unsigned int qn[F][kWords];
+      float sn[F];
+      fetch(k + 32 * kW, qn, sn);
 #pragma unroll
       for (int p = 0; p < kW / kP; ++p) {
         float w[F][kP];
@@ -119,6 +127,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kGemvMinBlocks<MR>)
             }
           }
         }
+      }
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        s[f] = sn[f];
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) q[f][i] = qn[f][i];
       }
     }
   } else {

@@ -32,9 +32,22 @@ __all__ = ["OPS", "fused_max_rows", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
 # rows ~ 2.25 * FMA rate / bandwidth: A100 ~11, H100 ~22, H200 ~16, B200 ~11, RTX 3090 ~42, RTX 4090 and
 # L4 ~90+, T4 ~28. Rounded to tiles of 8 and clipped to [8, 64]: the fused path never loses at <= 8 rows
 # (the dense path's weight pass alone costs more than the fused kernel's whole traffic).
-FUSED_MAX_ROWS = {(7, 5): 32, (8, 0): 16, (8, 6): 40, (8, 7): 16, (8, 9): 64, (9, 0): 24, (10, 0): 16, (12, 0): 64}
+FUSED_MAX_ROWS = {
+    (7, 5): 32,  # T4
+    (8, 0): 16,  # A100, A30
+    (8, 6): 40,  # RTX 30xx, A10, A40
+    (8, 7): 32,  # Jetson Orin
+    (8, 9): 64,  # RTX 40xx, L4, L40
+    (9, 0): 24,  # H100, H200 (H200's bandwidth says ~16)
+    (10, 0): 16,  # B200
+    (10, 3): 16,  # B300
+    (12, 0): 64,  # RTX 50xx
+    (12, 1): 64,  # DGX Spark
+}
 FUSED_MAX_ROWS_DEFAULT = 16  # an unknown capability, or a device that is not cuda (the emulator)
 DEQUANT_THREADS = 256
+# The fused kernel walks a row of W with 32-bit offsets (k + 32 lanes * 32 weights must not overflow).
+MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
 _FUSED_ROWS: dict[torch.device, int] = {}
 _TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
@@ -133,6 +146,8 @@ def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     Bb = _bytes(B)
     bias = bias.contiguous() if bias is not None else None
     if M <= fused_max_rows(A.device):
+        if K > MAX_FUSED_K:
+            raise ValueError(f"A's last dimension K={K} exceeds {MAX_FUSED_K}, the most the fused kernel indexes")
         _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
     else:
         W = dequantize_weight(Bb, N, K, scales, code, blocksize, A.dtype)

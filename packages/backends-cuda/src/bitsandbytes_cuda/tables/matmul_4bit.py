@@ -15,7 +15,7 @@ SOURCE = "matmul_4bit.cu"
 # test checks they agree): warps per gemv block, output features per warp for each tile of rows,
 # weights per thread of the dequantization.
 GEMV_WARPS = 4
-GEMV_WARP_FEATURES = {1: 2, 2: 2, 4: 1, 8: 1}
+GEMV_WARP_FEATURES = {1: 2, 2: 1, 4: 1, 8: 1}
 DEQUANT_PER_THREAD = 8
 # Path -> bytes of B per lane and chunk (the CB template argument), and the tiles of rows it is built for.
 GEMV_PATHS = {"v16": (16, (1, 2, 4, 8)), "v4": (4, (1, 2, 4, 8)), "any": (0, (1, 8))}
