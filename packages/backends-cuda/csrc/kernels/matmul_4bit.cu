@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, kGemvMinBlocks<MR>)
       for (int f = 0; f < F; ++f) {
         const long long base = (n0 + f) * K + k;
         const bool live = k < k_len && f < feats;
-        load_words<CB>(B + (base >> 1), live, qq[f]);
+        // Tiles of 1, 2 or 4 rows only ever run as a single tile (ops/matmul_4bit.py gemv_tile).
+        load_words<CB, (MR < 8)>(B + (base >> 1), live, qq[f]);
         ss[f] = live ? scales.at(base, offset) : 0.0f;
       }
     };

@@ -53,18 +53,22 @@ __device__ __forceinline__ int code_at(const unsigned char* __restrict__ B, long
 }
 
 // CB bytes of packed codes at p (CB-byte aligned) as CB / 4 little-endian words, in one load; zeros
-// where !live (no load).
-template <int CB>
+// where !live (no load). STREAM: read once by the whole grid (a single tile of rows), so the load is
+// marked evict-first (ld.global.cs) and leaves L1 and L2 to A, which every warp re-reads; otherwise
+// the blocks of the other row tiles read the same bytes again right after, from L2.
+template <int CB, bool STREAM>
 __device__ __forceinline__ void load_words(const unsigned char* __restrict__ p, bool live, unsigned int (&q)[CB / 4]) {
   static_assert(CB == 4 || CB == 16, "4 or 16 bytes");
   if constexpr (CB == 16) {
-    const uint4 v = live ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
-    q[0] = v.x;
-    q[1] = v.y;
-    q[2] = v.z;
-    q[3] = v.w;
+    const uint4* v = reinterpret_cast<const uint4*>(p);
+    const uint4 w = live ? (STREAM ? __ldcs(v) : __ldg(v)) : make_uint4(0u, 0u, 0u, 0u);
+    q[0] = w.x;
+    q[1] = w.y;
+    q[2] = w.z;
+    q[3] = w.w;
   } else {
-    q[0] = live ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+    const unsigned int* v = reinterpret_cast<const unsigned int*>(p);
+    q[0] = live ? (STREAM ? __ldcs(v) : __ldg(v)) : 0u;
   }
 }
 
