@@ -19,14 +19,13 @@ namespace {
 constexpr int kInvalidValue = 1;  // cudaErrorInvalidValue
 
 // Launch geometry, as bitsandbytes_cuda/ops computes it for the same kernels (a test compares them):
-// ops/quant.py THREADS, ITEMS_PER_THREAD, MAX_GRID; tables/matmul_4bit.py GEMV_WARPS, GEMV_FEATURES,
-// GEMV_CHUNK.
+// ops/quant.py THREADS, ITEMS_PER_THREAD, MAX_GRID; tables/matmul_4bit.py GEMV_WARPS, GEMV_WARP_FEATURES[1]
+// (the one-row instantiations are the ones used here).
 constexpr long long kDequantThreads = 256;
 constexpr long long kDequantItems = 8;
 constexpr long long kDequantMaxGrid = 4096;
 constexpr unsigned kGemvWarps = 4;
-constexpr unsigned kGemvFeatures = 4;
-constexpr int kGemvChunk = 8;
+constexpr unsigned kGemvWarpFeatures = 2;
 
 // The kernels turn the block size into a shift.
 bool power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -58,16 +57,23 @@ int dequantize_4bit(Launcher launcher, const unsigned char* A, const float* absm
 }
 
 template <class T, class Launcher>
-int gemv_4bit(Launcher vec, Launcher any, int m, int k, const T* A, const unsigned char* B, const float* absmax,
-              const float* code, T* out, int ldb, int blocksize, cudaStream_t stream) {
+int gemv_4bit(Launcher v16, Launcher v4, Launcher any, int m, int k, const T* A, const unsigned char* B,
+              const float* absmax, const float* code, T* out, int ldb, int blocksize, cudaStream_t stream) {
   if (m < 0 || k < 0 || ldb != (k + 1) / 2 || !power_of_two(blocksize)) return kInvalidValue;
   if (m == 0) return 0;
   if (A == nullptr || B == nullptr || absmax == nullptr || code == nullptr || out == nullptr) return kInvalidValue;
-  // The vec path's 8-weight chunks start at multiples of 8 and must not straddle a block.
-  const bool use_vec = k % kGemvChunk == 0 && blocksize >= kGemvChunk && aligned(A, 16) && aligned(B, 4);
-  const unsigned grid = (static_cast<unsigned>(m) + kGemvFeatures - 1) / kGemvFeatures;
-  return (use_vec ? vec : any)(grid, 1, 1, kGemvWarps * 32, 1, 1, 0, stream, A, B, absmax, code, nullptr, out, 1, m, k,
-                               blocksize);
+  // The paths as the op picks them (ops/matmul_4bit.py); a vector path's chunks (32 or 8 weights, starting
+  // at multiples of their size) must not straddle a block of scales.
+  Launcher path = any;
+  if (k % 32 == 0 && blocksize >= 32 && aligned(A, 16) && aligned(B, 16)) {
+    path = v16;
+  } else if (k % 8 == 0 && blocksize >= 8 && aligned(A, 16) && aligned(B, 4)) {
+    path = v4;
+  }
+  constexpr unsigned kPerBlock = kGemvWarps * kGemvWarpFeatures;
+  const unsigned grid = (static_cast<unsigned>(m) + kPerBlock - 1) / kPerBlock;
+  return path(grid, 1, 1, kGemvWarps * 32, 1, 1, 0, stream, A, B, absmax, nullptr, nullptr, nullptr, code, nullptr, out,
+              1, m, k, blocksize);
 }
 
 }  // namespace
@@ -132,24 +138,24 @@ BNB_EXPORT int cgemm_4bit_inference_naive_fp16(int m, int n, int k, __half* A, u
                                                float* datatype, __half* out, int lda, int ldb, int ldc, int blocksize,
                                                cudaStream_t stream) {
   (void)n, (void)lda, (void)ldc;
-  return gemv_4bit(bnb_cuda_gemv_4bit_f16_vec, bnb_cuda_gemv_4bit_f16_any, m, k, A, B, absmax, datatype, out, ldb,
-                   blocksize, stream);
+  return gemv_4bit(bnb_cuda_gemv_4bit_f16_v16_m1, bnb_cuda_gemv_4bit_f16_v4_m1, bnb_cuda_gemv_4bit_f16_any_m1, m, k, A,
+                   B, absmax, datatype, out, ldb, blocksize, stream);
 }
 
 BNB_EXPORT int cgemm_4bit_inference_naive_bf16(int m, int n, int k, __nv_bfloat16* A, unsigned char* B, float* absmax,
                                                float* datatype, __nv_bfloat16* out, int lda, int ldb, int ldc,
                                                int blocksize, cudaStream_t stream) {
   (void)n, (void)lda, (void)ldc;
-  return gemv_4bit(bnb_cuda_gemv_4bit_bf16_vec, bnb_cuda_gemv_4bit_bf16_any, m, k, A, B, absmax, datatype, out, ldb,
-                   blocksize, stream);
+  return gemv_4bit(bnb_cuda_gemv_4bit_bf16_v16_m1, bnb_cuda_gemv_4bit_bf16_v4_m1, bnb_cuda_gemv_4bit_bf16_any_m1, m, k,
+                   A, B, absmax, datatype, out, ldb, blocksize, stream);
 }
 
 BNB_EXPORT int cgemm_4bit_inference_naive_fp32(int m, int n, int k, float* A, unsigned char* B, float* absmax,
                                                float* datatype, float* out, int lda, int ldb, int ldc, int blocksize,
                                                cudaStream_t stream) {
   (void)n, (void)lda, (void)ldc;
-  return gemv_4bit(bnb_cuda_gemv_4bit_f32_vec, bnb_cuda_gemv_4bit_f32_any, m, k, A, B, absmax, datatype, out, ldb,
-                   blocksize, stream);
+  return gemv_4bit(bnb_cuda_gemv_4bit_f32_v16_m1, bnb_cuda_gemv_4bit_f32_v4_m1, bnb_cuda_gemv_4bit_f32_any_m1, m, k, A,
+                   B, absmax, datatype, out, ldb, blocksize, stream);
 }
 
 }  // extern "C"

@@ -76,8 +76,7 @@ def test_entry_points_use_the_ops_launch_geometry():
     assert constant("kDequantItems") == quant_ops.ITEMS_PER_THREAD
     assert constant("kDequantMaxGrid") == quant_ops.MAX_GRID
     assert constant("kGemvWarps") == matmul_table.GEMV_WARPS
-    assert constant("kGemvFeatures") == matmul_table.GEMV_FEATURES
-    assert constant("kGemvChunk") == matmul_table.GEMV_CHUNK
+    assert constant("kGemvWarpFeatures") == matmul_table.GEMV_WARP_FEATURES[1]
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +175,9 @@ def _call_gemv(lib, t, A, packed, absmax, code, N, K, blocksize, stream=None, ld
 @pytest.mark.parametrize(
     ("N", "K", "blocksize", "offset"),
     [
-        (37, 256, 64, 0),  # vec path, N not a multiple of the features per block
-        (8, 2048, 256, 0),  # vec path, two steps per thread
+        (37, 256, 64, 0),  # v16 path, N not a multiple of the features per block
+        (8, 2048, 256, 0),  # v16 path, two steps per lane
+        (5, 200, 64, 0),  # K % 32 != 0: the v4 path
         (13, 100, 64, 0),  # K % 8 != 0: the any-alignment path
         (9, 33, 32, 0),  # odd K: rows start mid-byte
         (12, 64, 32, 1),  # A misaligned by one element: the any-alignment path

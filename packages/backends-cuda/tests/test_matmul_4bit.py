@@ -4,10 +4,12 @@ Bit-exact where the bytes are defined: the dequantized weight of the many-rows p
 ``table[code] * absmax`` rounded once to the dtype) and the double-quantized block scales. The products
 themselves within the conformance suite's stated tolerance (``bitsandbytes.testing.conformance.
 test_fourbit``): fp32 accumulation in another order, and the fused kernel multiplies by the fp32 weight
-rather than the weight rounded to A's dtype. Shapes are chosen to reach every kernel path: the vector
-path (K % 8 == 0) with one and two steps per thread, the any-alignment path (odd K, rows starting
-mid-byte, K % 8 != 0, a misaligned A), scale blocks spanning rows or ending mid-row, N not a multiple of
-the features per block, and the dequantize + GEMM path above FUSED_MAX_ROWS.
+rather than the weight rounded to A's dtype. Shapes are chosen to reach every kernel path: the 16-byte
+path (K % 32 == 0) with one and two steps per lane, the 4-byte path (K % 8 == 0), the any-alignment
+path (odd K, rows starting mid-byte, K % 8 != 0, a misaligned A or B), every tile of rows (1, 2, 4, 8,
+and several tiles of 8 with a partial last one), scale blocks spanning rows or ending mid-row, N not a
+multiple of the features per warp or block, and the dequantize + GEMM path above fused_max_rows.
+Double-quantized scales are decoded inside both kernels: bit for bit the scales the reference expands.
 """
 
 from __future__ import annotations
@@ -72,18 +74,26 @@ def rand(shape, dtype, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-# (A's shape, N, blocksize, the kernel expected: vec / any / gemm)
+MAX_FUSED = ops.FUSED_MAX_ROWS_DEFAULT  # the emulator's tensors are on the CPU: the default applies
+
+# (A's shape, N, blocksize, the kernel expected: gemv_4bit_<dtype>_<path> / gemm)
 GEMV_CASES = [
-    ((1, 64), 7, 64, "vec"),  # N % 4 != 0: a block with fewer features
-    ((1, 1088), 5, 64, "vec"),  # 136 chunks of 8: threads 0-7 take two steps
-    ((3, 96), 9, 32, "vec"),
-    ((8, 160), 6, 4096, "vec"),  # one block of scales spans every row
-    ((5, 200), 3, 128, "vec"),  # K % 32 != 0: blocks of scales end mid-row
-    ((2, 1, 33), 5, 64, "any"),  # odd K: every other row starts on a low nibble
-    ((37,), 3, 32, "any"),
-    ((4, 204), 6, 128, "any"),  # even K, K % 8 != 0
-    ((9, 64), 4, 64, "gemm"),
-    ((3, 4, 72), 5, 32, "gemm"),
+    ((1, 64), 7, 64, "v16_m1"),  # N % 8 != 0: a block with fewer warps, a warp with one feature
+    ((1, 1088), 5, 64, "v16_m1"),  # 34 chunks of 32: lanes 0-1 take two steps
+    ((1, 200), 9, 64, "v4_m1"),  # K % 32 != 0: 4-byte chunks, blocks of scales end mid-row
+    ((1, 96), 3, 32, "v16_m1"),
+    ((2, 40), 5, 64, "v4_m2"),
+    ((3, 96), 9, 32, "v16_m4"),
+    ((8, 160), 6, 4096, "v16_m8"),  # one block of scales spans every row
+    ((5, 200), 3, 128, "v4_m8"),
+    ((2, 1, 33), 5, 64, "any_m8"),  # odd K: every other row starts on a low nibble
+    ((37,), 3, 32, "any_m1"),
+    ((4, 204), 6, 128, "any_m8"),  # even K, K % 8 != 0
+    ((12, 64), 4, 64, "v16_m8"),  # two tiles of 8 rows, the second partial
+    ((3, 5, 72), 11, 32, "v4_m8"),  # 15 rows
+    ((MAX_FUSED, 96), 9, 32, "v16_m8"),
+    ((MAX_FUSED + 1, 64), 4, 64, "gemm"),
+    ((3, 6, 72), 5, 32, "gemm"),
 ]
 
 
@@ -96,25 +106,31 @@ def test_gemv_4bit(launches, dtype, quant_type, a_shape, N, blocksize, path):
     A = rand(a_shape, dtype, seed=K)
     args = (A, packed, [N, K], absmax, code_of(quant_type), blocksize)
     out = ops.gemv_4bit(*args)
-    kernel = {"vec": "gemv_4bit_{}_vec", "any": "gemv_4bit_{}_any", "gemm": "dequantize_4bit_weight_{}"}[path]
-    assert launches == [kernel.format(suffix(dtype))]
+    kernel = f"dequantize_4bit_weight_{suffix(dtype)}" if path == "gemm" else f"gemv_4bit_{suffix(dtype)}_{path}"
+    assert launches == [kernel]
     assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
 
-@pytest.mark.parametrize("which", ["A", "B"])
+@pytest.mark.parametrize(("which", "shift", "path"), [("A", 1, "any"), ("B", 1, "any"), ("B", 4, "v4")])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemv_misaligned_view_takes_any_path(launches, dtype, which):
+def test_gemv_misaligned_view_takes_a_narrower_path(launches, dtype, which, shift, path):
     N, K = 6, 128
     packed, absmax, W64 = quantized(N, K, 64, "nf4", seed=1)
-    A = rand((2, K), dtype, seed=2)
+    A = rand((1, K), dtype, seed=2)
     if which == "A":
-        A = torch.cat([A.new_zeros(1), A.reshape(-1)])[1:].view(2, K)  # contiguous, not 16-byte aligned
+        A = torch.cat([A.new_zeros(shift), A.reshape(-1)])[shift:].view(1, K)  # contiguous, not 16-byte aligned
     else:
-        packed = torch.cat([packed.new_zeros(1, 1), packed])[1:]  # contiguous, starts at an odd address
+        packed = torch.cat([packed.new_zeros(shift, 1), packed])[shift:]  # contiguous, `shift` bytes past 16
     out = ops.gemv_4bit(A, packed, [N, K], absmax, code_of("nf4"), 64)
-    assert launches == [f"gemv_4bit_{suffix(dtype)}_any"]
+    assert launches == [f"gemv_4bit_{suffix(dtype)}_{path}_m1"]
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
+
+
+def test_fused_rows_table():
+    assert ops.fused_max_rows(torch.device("cpu")) == ops.FUSED_MAX_ROWS_DEFAULT
+    assert all(8 <= rows <= 64 and rows % 8 == 0 for rows in ops.FUSED_MAX_ROWS.values())
+    assert [ops.gemv_tile(m) for m in range(1, 11)] == [1, 2, 4, 4, 8, 8, 8, 8, 8, 8]
 
 
 @pytest.mark.parametrize("rows", [1, 12])
@@ -133,39 +149,55 @@ def test_gemv_out_and_quant_storage(rows, storage):
         ops.gemv_4bit_out(*args, torch.empty((rows, 2 * N), dtype=torch.bfloat16)[:, ::2])
 
 
-@pytest.mark.parametrize("rows", [2, 11])
+def nested_state(absmax, seed):
+    """(absmax_8bit, absmax2, code8, offset, the fp32 scales the reference expands them to)."""
+    g = torch.Generator().manual_seed(seed)
+    code8 = torch.sort(torch.rand(256, generator=g) * 2 - 1).values ** 3  # not a linspace: every bit counts
+    offset = absmax.mean() + torch.rand((), generator=g) / 7
+    absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, code8, 256)
+    effective = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, code8, 256, torch.float32) + offset
+    return absmax_8bit, absmax2, code8, offset.reshape(1), effective
+
+
+@pytest.mark.parametrize("rows", [1, 2, 11, MAX_FUSED + 4])
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gemm_4bit(dtype, bias, nested, rows):
+def test_gemm_4bit(launches, dtype, bias, nested, rows):
     N, K, blocksize = 13, 96, 32
     packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
     A = rand((rows, K), dtype, seed=6)
     kwargs = {"bias": rand((N,), dtype, seed=7)} if bias else {}
     if nested:
-        dyn = torch.linspace(-1, 1, 256)
-        offset = absmax.mean()
-        absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
-        kwargs |= {"absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset.reshape(1)}
-        effective = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+        absmax_8bit, absmax2, code8, offset, effective = nested_state(absmax, seed=rows)
+        kwargs |= {"absmax_8bit": absmax_8bit, "absmax_code": code8, "absmax_offset": offset}
         W64 = REFERENCE["dequantize_4bit"](packed, effective, blocksize, "nf4", [N, K], torch.float32).double()
         absmax = absmax2
     args = (A, packed, [N, K], absmax, blocksize, "nf4")
     out = ops.gemm_4bit(*args, **kwargs)
+    # One kernel whatever the scales: the nested ones are decoded inside it.
+    assert len(launches) == 1 and launches[0].startswith("gemv_4bit" if rows <= MAX_FUSED else "dequantize")
     assert_matmul_close(out, REFERENCE["gemm_4bit"](*args, **kwargs), A, W64)
     truth = A.double() @ W64.T + (kwargs["bias"].double() if bias else 0)
     assert_matmul_close(out, truth.to(dtype), A, W64)
 
 
-def test_nested_absmax_bit_exact():
-    n = 700  # three blocks of 256 scales, the last partial
-    q = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
-    absmax2 = torch.rand(3) * 3
-    dyn = torch.linspace(-1, 1, 256) ** 3
-    offset = torch.tensor([0.37])
-    got = ops.expand_nested_absmax(q, absmax2, dyn, offset)
-    want = REFERENCE["dequantize_blockwise"](q, absmax2, dyn, 256, torch.float32) + offset.reshape(())
-    assert torch.equal(got, want)
+@pytest.mark.parametrize("rows", [1, 3, 8, MAX_FUSED + 1])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_nested_scales_are_the_references_bit_for_bit(dtype, rows):
+    """The fused decode of nested scales gives exactly the product of the plain kernel given the scales the
+    reference expands (same kernel, same order: any other rounding of a scale shows), and the dequantized
+    weight is the reference's bit for bit. 1200 scales: five blocks of 256, the last partial."""
+    N, K, blocksize = 25, 1536, 32
+    packed, absmax, _ = quantized(N, K, blocksize, "fp4", seed=12)
+    absmax_8bit, absmax2, code8, offset, effective = nested_state(absmax, seed=13)
+    A = rand((rows, K), dtype, seed=14)
+    nested = {"absmax_8bit": absmax_8bit, "absmax_code": code8, "absmax_offset": offset}
+    got = ops.gemm_4bit(A, packed, [N, K], absmax2, blocksize, "fp4", **nested)
+    assert torch.equal(got, ops.gemm_4bit(A, packed, [N, K], effective, blocksize, "fp4"))
+    scales = ops._scales(absmax2, absmax_8bit, code8, offset)
+    W = ops.dequantize_weight(ops._bytes(packed), N, K, scales, code_of("fp4"), blocksize, dtype)
+    assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, effective, blocksize, "fp4", [N, K], dtype))
 
 
 @pytest.mark.parametrize(("N", "K", "blocksize"), [(3, 37, 32), (16, 64, 64), (5, 300, 1024)], ids=str)
@@ -173,7 +205,7 @@ def test_nested_absmax_bit_exact():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_dequantized_weight_bit_exact(dtype, quant_type, N, K, blocksize):
     packed, absmax, _ = quantized(N, K, blocksize, quant_type, seed=9)
-    W = ops.dequantize_weight(ops._bytes(packed), N, K, absmax, code_of(quant_type), blocksize, dtype)
+    W = ops.dequantize_weight(ops._bytes(packed), N, K, ops._scales(absmax), code_of(quant_type), blocksize, dtype)
     assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], dtype))
 
 
@@ -203,9 +235,8 @@ def test_errors_are_the_references():
 def test_geometry_constants_match_the_kernel_source():
     src = (launch.kernel_dir() / "kernels" / table.SOURCE).read_text()
     assert re.search(rf"kGemvWarps = {table.GEMV_WARPS};", src)
-    assert re.search(rf"kGemvFeatures = {table.GEMV_FEATURES};", src)
-    assert re.search(rf"kGemvChunk = {table.GEMV_CHUNK};", src)
-    assert re.search(rf"kGemvMaxRows = {table.GEMV_MAX_ROWS};", src)
+    limit, at_many, at_few = map(int, re.search(r"kGemvWarpFeatures = MR >= (\d+) \? (\d+) : (\d+);", src).groups())
+    assert table.GEMV_WARP_FEATURES == {mr: at_many if mr >= limit else at_few for mr in (1, 2, 4, 8)}
     assert re.search(rf"kDequantPerThread = {table.DEQUANT_PER_THREAD};", src)
 
 
@@ -228,3 +259,10 @@ def test_nvcc_compiles_every_table_entry(tmp_path):
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", res.stderr)]
     assert len(spills) == len(table.KERNELS) and not any(spills), res.stderr
     assert Path(tmp_path / "k.o").stat().st_size > 0
+
+
+def test_k_beyond_the_fused_kernels_offsets_is_refused(monkeypatch):
+    packed, absmax, _ = quantized(4, 64, 32, "nf4", seed=15)
+    monkeypatch.setattr(ops, "MAX_FUSED_K", 32)  # a 2**31-element row is beyond the emulator's memory
+    with pytest.raises(ValueError, match="K=64 exceeds 32"):
+        ops.gemv_4bit(torch.randn(1, 64), packed, [4, 64], absmax, code_of("nf4"), 32)

@@ -1,13 +1,13 @@
 """gemv_4bit / gemm_4bit for device cuda, on the standard packed 4-bit layout (no repacking).
 
-Few rows of A (decoding, up to FUSED_MAX_ROWS): one fused kernel; a block computes GEMV_FEATURES output
-features for all rows, its threads splitting K, so the weight is streamed once and every value of A it
-loads serves all of the block's features; fp32 accumulation, warp then block reductions. More rows: the
-weight is dequantized to A's dtype by a kernel (exactly the reference's rounded weight) and multiplied
-by torch's GEMM (cuBLAS: tensor cores, fp32 accumulation), which a hand-written dequantizing GEMM would
-have to beat on every arch; at many rows the GEMM's compute dominates and the extra pass over the
-weight is amortised. The crossover is not measured yet (no GPU here); FUSED_MAX_ROWS is the issue's
-"batch 1..~8". Double-quantized block scales are expanded to fp32 first by a small kernel.
+Up to ``fused_max_rows(device)`` rows of A (decoding, short prefill): one fused kernel, specialized on
+the tile of rows (1, 2, 4 or 8 rows of A per block; more rows are more tiles, whose blocks are adjacent
+in the grid so that the weight comes from DRAM once and from L2 for the other tiles). It is a SIMT
+kernel (fp32 FMAs on CUDA cores, no tensor cores): each weight byte is read once per tile of rows and
+decoded once per tile. More rows: the weight is dequantized to A's dtype by a kernel (exactly the
+reference's rounded weight) and multiplied by torch's GEMM (cuBLAS, tensor cores). Double-quantized
+block scales (gemm_4bit's absmax_8bit / absmax_code / absmax_offset) are decoded by both kernels where
+they load a scale: no pass over the scales, no extra launch.
 """
 
 from __future__ import annotations
@@ -20,17 +20,46 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
 
 from ..launch import launch
-from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_CHUNK, GEMV_FEATURES, GEMV_MAX_ROWS, GEMV_WARPS
+from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_PATHS, GEMV_WARP_FEATURES, GEMV_WARPS
 from ._common import suffix
 
-__all__ = ["OPS", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
+__all__ = ["OPS", "fused_max_rows", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
 
-# Rows of A up to which the fused gemv kernel runs; above it, dequantize + torch GEMM.
-FUSED_MAX_ROWS = 8
+# Rows of A up to which the fused kernel runs, per compute capability; above, dequantize + cuBLAS.
+# UNMEASURED (no GPU here): chosen by reasoning. The fused kernel's time is about
+# rows * N * K / (0.5 * fp32 FMA rate), the dense path's about 4.5 * N * K bytes / DRAM bandwidth
+# (write and read the fp16 weight, read the packed one; its GEMM is small next to that), so the crossover is
+# rows ~ 2.25 * FMA rate / bandwidth: A100 ~11, H100 ~22, H200 ~16, B200 ~11, RTX 3090 ~42, RTX 4090 and
+# L4 ~90+, T4 ~28. Rounded to tiles of 8 and clipped to [8, 64]: the fused path never loses at <= 8 rows
+# (the dense path's weight pass alone costs more than the fused kernel's whole traffic).
+FUSED_MAX_ROWS = {
+    (7, 5): 32,  # T4
+    (8, 0): 16,  # A100, A30
+    (8, 6): 40,  # RTX 30xx, A10, A40
+    (8, 7): 32,  # Jetson Orin
+    (8, 9): 64,  # RTX 40xx, L4, L40
+    (9, 0): 24,  # H100, H200 (H200's bandwidth says ~16)
+    (10, 0): 16,  # B200
+    (10, 3): 16,  # B300
+    (12, 0): 64,  # RTX 50xx
+    (12, 1): 64,  # DGX Spark
+}
+FUSED_MAX_ROWS_DEFAULT = 16  # an unknown capability, or a device that is not cuda (the emulator)
 DEQUANT_THREADS = 256
-NESTED_THREADS = 256
+# The fused kernel walks a row of W with 32-bit offsets (k + 32 lanes * 32 weights must not overflow).
+MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
+_FUSED_ROWS: dict[torch.device, int] = {}
 _TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def fused_max_rows(device: torch.device) -> int:
+    """Rows of A up to which ``device`` runs the fused kernel (``FUSED_MAX_ROWS``)."""
+    rows = _FUSED_ROWS.get(device)
+    if rows is None:
+        cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+        rows = _FUSED_ROWS[device] = FUSED_MAX_ROWS.get(cap, FUSED_MAX_ROWS_DEFAULT)
+    return rows
 
 
 def _table(quant_type: str, device: torch.device) -> torch.Tensor:
@@ -46,17 +75,36 @@ def _bytes(B: torch.Tensor) -> torch.Tensor:
     return B.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _gemv_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out) -> None:
-    # vec: 16-byte loads of A and 4-byte loads of B (8 weights) at every chunk of every row.
-    vec = K % GEMV_CHUNK == 0 and A.data_ptr() % 16 == 0 and Bb.data_ptr() % 4 == 0
+def gemv_tile(M: int) -> int:
+    """Rows of A per block for M rows: the smallest instantiated tile that holds them, else 8 (several tiles)."""
+    return next((t for t in (1, 2, 4) if M <= t), 8)
+
+
+def gemv_path(A: torch.Tensor, Bb: torch.Tensor, K: int) -> str:
+    """``v16``/``v4`` when K and the alignment of A and B allow those loads, else ``any`` (tables/matmul_4bit.py)."""
+    if A.data_ptr() % 16 == 0:
+        if K % 32 == 0 and Bb.data_ptr() % 16 == 0:
+            return "v16"
+        if K % 8 == 0 and Bb.data_ptr() % 4 == 0:
+            return "v4"
+    return "any"
+
+
+def _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out) -> None:
+    path = gemv_path(A, Bb, K)
+    tile = gemv_tile(M)
+    if tile not in GEMV_PATHS[path][1]:
+        tile = 8
+    per_block = GEMV_WARPS * GEMV_WARP_FEATURES[tile]
+    grid = -(-N // per_block) * -(-M // tile)
     launch(
-        f"gemv_4bit_{suffix(A.dtype)}_{'vec' if vec else 'any'}",
-        (-(-N // GEMV_FEATURES), -(-M // GEMV_MAX_ROWS)),
+        f"gemv_4bit_{suffix(A.dtype)}_{path}_m{tile}",
+        grid,
         GEMV_WARPS * 32,
         0,
         A,
         Bb,
-        absmax,
+        *scales,
         code,
         bias,
         out,
@@ -67,17 +115,26 @@ def _gemv_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out) -> None:
     )
 
 
-def dequantize_weight(Bb, N, K, absmax, code, blocksize, dtype) -> torch.Tensor:
-    """The [N, K] weight in ``dtype``: ``code[c] * absmax[block]`` in fp32, rounded once."""
+def _scales(absmax, absmax_8bit=None, absmax_code=None, absmax_offset=None) -> tuple:
+    """The kernels' four scale arguments: plain fp32 absmax and three nulls, or the nested state."""
+    if absmax_8bit is None:
+        return (absmax.contiguous(), None, None, None)
+    # absmax_offset may be fp16/bf16 (the contract says "used as float32"); .float() is free when it is fp32.
+    offset = absmax_offset.reshape(1).float().contiguous()
+    return (absmax.contiguous(), absmax_8bit.contiguous().reshape(-1), absmax_code.contiguous(), offset)
+
+
+def dequantize_weight(Bb, N, K, scales, code, blocksize, dtype) -> torch.Tensor:
+    """The [N, K] weight in ``dtype``: ``code[c] * scale[block]`` in fp32, rounded once."""
     W = torch.empty((N, K), dtype=dtype, device=Bb.device)
     n = N * K
     if n:
         grid = -(-n // (DEQUANT_THREADS * DEQUANT_PER_THREAD))
-        launch(f"dequantize_4bit_weight_{suffix(dtype)}", grid, DEQUANT_THREADS, 0, Bb, absmax, code, W, n, blocksize)
+        launch(f"dequantize_4bit_weight_{suffix(dtype)}", grid, DEQUANT_THREADS, 0, Bb, *scales, code, W, n, blocksize)
     return W
 
 
-def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
+def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation."""
     M = A.numel() // K if K else prod(A.shape[:-1])
     if M == 0 or N == 0:
@@ -87,12 +144,13 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
         return
     A = A.contiguous()
     Bb = _bytes(B)
-    absmax = absmax.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    if M <= FUSED_MAX_ROWS:
-        _gemv_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out)
+    if M <= fused_max_rows(A.device):
+        if K > MAX_FUSED_K:
+            raise ValueError(f"A's last dimension K={K} exceeds {MAX_FUSED_K}, the most the fused kernel indexes")
+        _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
     else:
-        W = dequantize_weight(Bb, N, K, absmax, code, blocksize, A.dtype)
+        W = dequantize_weight(Bb, N, K, scales, code, blocksize, A.dtype)
         A2, out2 = A.reshape(M, K), out.view(M, N)  # out is contiguous (checked or fresh)
         if bias is None:
             torch.mm(A2, W.T, out=out2)
@@ -103,7 +161,7 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
 def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
     N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
     out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
-    _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
+    _matmul_into(A, B, N, K, _scales(absmax), code.contiguous(), blocksize, None, out)
     return out
 
 
@@ -112,37 +170,16 @@ def gemv_4bit_out(A, B, shapeB, absmax, code, blocksize, out) -> None:
     _checks.out_tensor(
         out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
     )
-    _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
-
-
-def expand_nested_absmax(absmax_8bit, absmax, absmax_code, absmax_offset) -> torch.Tensor:
-    """Double-quantized block scales in fp32: ``absmax_code[q] * absmax[j // 256] + offset`` (as the reference)."""
-    n = absmax_8bit.numel()
-    out = torch.empty(n, dtype=torch.float32, device=absmax_8bit.device)
-    if n:
-        launch(
-            "expand_nested_absmax",
-            -(-n // NESTED_THREADS),
-            NESTED_THREADS,
-            0,
-            absmax_8bit.contiguous().reshape(-1),
-            absmax.contiguous(),
-            absmax_code.contiguous(),
-            absmax_offset.float().contiguous().reshape(-1),  # the contract allows fp16/bf16; the kernel reads fp32
-            out,
-            n,
-        )
-    return out
+    _matmul_into(A, B, N, K, _scales(absmax), code.contiguous(), blocksize, None, out)
 
 
 def gemm_4bit(
     A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None, absmax_offset=None
 ) -> torch.Tensor:
     N, K = check_gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
-    if absmax_8bit is not None:
-        absmax = expand_nested_absmax(absmax_8bit, absmax, absmax_code, absmax_offset)
+    scales = _scales(absmax, absmax_8bit, absmax_code, absmax_offset)
     out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
-    _matmul_into(A, B, N, K, absmax, _table(quant_type, A.device), blocksize, bias, out)
+    _matmul_into(A, B, N, K, scales, _table(quant_type, A.device), blocksize, bias, out)
     return out
 
 

@@ -1,0 +1,79 @@
+"""Register budget of the one-row (decoding) gemv kernels, from ptxas itself.
+
+Batch-1 decoding is latency bound: the bytes of weight in flight per SM decide the bandwidth, and they
+scale with the resident warps, which the registers per thread cap (65536 per SM: 64 registers leave
+32 warps, 124 left 16). Every gemv instantiation that serves one row of A (``_m1`` in the table) must
+fit in 64 registers with no spills on sm_80, sm_90 and sm_120. One translation unit, one nvcc run for
+the three archs; output to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import bitsandbytes
+from bitsandbytes_cuda import launch
+from bitsandbytes_cuda.tables import matmul_4bit as table
+
+ARCHS = ("80", "90", "120")
+MAX_REGISTERS = 64
+
+
+def one_row_gemvs() -> list:
+    """Every gemv the op or the C entry points may launch for a single row of A: all but the row tiles."""
+    tiles = re.compile(r"_m([2-9]|\d\d+)$")
+    return [k for k in table.KERNELS if k.name.startswith("gemv_4bit_") and not tiles.search(k.name)]
+
+
+def ptxas_usage(stderr: str) -> list[tuple[str, str, int, int]]:
+    """(mangled name, arch, registers, spill bytes stored + loaded) per entry function of `-Xptxas -v`."""
+    found, current = [], None
+    for line in stderr.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)' for '(sm_\d+a?)'", line):
+            current = [m.group(1), m.group(2), None, None]
+        elif current and (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            current[3] = int(m.group(1)) + int(m.group(2))
+        elif current and (m := re.search(r"Used (\d+) registers", line)):
+            current[2] = int(m.group(1))
+            found.append((current[0], current[1], current[2], current[3] or 0))
+            current = None
+    return found
+
+
+def test_ptxas_usage_parser():
+    sample = (
+        "ptxas info    : Compiling entry function '_Z1kv' for 'sm_90'\n"
+        "ptxas info    : Function properties for _Z1kv\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 72 registers, used 0 barriers, 452 bytes cmem[0]\n"
+        "ptxas info    : Compiling entry function '_Z1jv' for 'sm_80'\n"
+        "ptxas info    : Function properties for _Z1jv\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 32 registers, used 0 barriers, 452 bytes cmem[0]\n"
+    )
+    assert ptxas_usage(sample) == [("_Z1kv", "sm_90", 72, 8), ("_Z1jv", "sm_80", 32, 0)]
+
+
+def test_one_row_gemv_fits_64_registers_without_spills(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs the CUDA compiler nvcc")
+    kernels = one_row_gemvs()
+    assert {k.name.split("_")[2] for k in kernels} == {"f16", "bf16", "f32"}, [k.name for k in kernels]
+    refs = ",\n".join(f"    reinterpret_cast<const void*>(&{k.expr})" for k in kernels)
+    unit = tmp_path / "one_row_gemv.cu"
+    unit.write_text(f'#include "kernels/{table.SOURCE}"\n\nconst void* const kernels[] = {{\n{refs}\n}};\n')
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
+    cmd = [nvcc, *gencode, "-std=c++17", "-O3", "-Xptxas", "-v", "-I", str(launch.kernel_dir())]
+    cmd += ["-I", bitsandbytes.get_include(), "-c", str(unit), "-o", str(tmp_path / "k.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    usage = [u for u in ptxas_usage(res.stderr) if u[0].startswith("_Z9gemv_4bit")]
+    assert sorted({arch for _, arch, _, _ in usage}) == sorted(f"sm_{a}" for a in ARCHS)
+    assert len(usage) == len(kernels) * len(ARCHS), res.stderr
+    over = [u for u in usage if u[2] > MAX_REGISTERS or u[3] > 0]
+    assert not over, f"(kernel, arch, registers, spill bytes) over {MAX_REGISTERS} registers or spilling: {over}"
