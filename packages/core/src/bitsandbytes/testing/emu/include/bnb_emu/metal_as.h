@@ -49,6 +49,7 @@ typedef long ptrdiff_t;
   typedef T T##2 __attribute__((ext_vector_type(2))); \
   typedef T T##3 __attribute__((ext_vector_type(3))); \
   typedef T T##4 __attribute__((ext_vector_type(4)));
+// clang-format off
 BNB_EMU_AS_VECTORS(float)
 BNB_EMU_AS_VECTORS(half)
 BNB_EMU_AS_VECTORS(int)
@@ -59,6 +60,7 @@ BNB_EMU_AS_VECTORS(char)
 BNB_EMU_AS_VECTORS(uchar)
 BNB_EMU_AS_VECTORS(long)
 BNB_EMU_AS_VECTORS(ulong)
+// clang-format on
 typedef uchar2 bool2;
 typedef uchar3 bool3;
 typedef uchar4 bool4;  // clang has no bool vectors; only the spaces matter here
@@ -102,19 +104,53 @@ inline void atomic_thread_fence(mem_flags, memory_order) {}
   inline X NAME(X x, X) {    \
     return x;                \
   }
+// clang-format off
 BNB_EMU_AS_FN1(sqrt)
-BNB_EMU_AS_FN1(rsqrt) BNB_EMU_AS_FN1(exp) BNB_EMU_AS_FN1(exp2) BNB_EMU_AS_FN1(log) BNB_EMU_AS_FN1(log2)
-    BNB_EMU_AS_FN1(sin) BNB_EMU_AS_FN1(cos) BNB_EMU_AS_FN1(tanh) BNB_EMU_AS_FN1(floor) BNB_EMU_AS_FN1(ceil)
-        BNB_EMU_AS_FN1(round) BNB_EMU_AS_FN1(rint) BNB_EMU_AS_FN1(trunc) BNB_EMU_AS_FN1(fabs) BNB_EMU_AS_FN1(abs)
-            BNB_EMU_AS_FN1(fract) BNB_EMU_AS_FN1(saturate) BNB_EMU_AS_FN1(sign) BNB_EMU_AS_FN1(popcount)
-                BNB_EMU_AS_FN1(clz) BNB_EMU_AS_FN1(ctz) BNB_EMU_AS_FN1(reverse_bits) BNB_EMU_AS_FN1(exp10)
-                    BNB_EMU_AS_FN1(log10) BNB_EMU_AS_FN1(tan) BNB_EMU_AS_FN1(asin) BNB_EMU_AS_FN1(acos)
-                        BNB_EMU_AS_FN1(atan) BNB_EMU_AS_FN1(sinh) BNB_EMU_AS_FN1(cosh) BNB_EMU_AS_FN2(min)
-                            BNB_EMU_AS_FN2(max) BNB_EMU_AS_FN2(fmin) BNB_EMU_AS_FN2(fmax) BNB_EMU_AS_FN2(pow)
-                                BNB_EMU_AS_FN2(copysign) BNB_EMU_AS_FN2(fmod) BNB_EMU_AS_FN2(step) BNB_EMU_AS_FN2(mulhi)
-                                    BNB_EMU_AS_FN2(divide) BNB_EMU_AS_FN2(powr)
-                                        BNB_EMU_AS_FN2(atan2) template <class X, class L, class H>
-                                        inline X clamp(X x, L, H) {
+BNB_EMU_AS_FN1(rsqrt)
+BNB_EMU_AS_FN1(exp)
+BNB_EMU_AS_FN1(exp2)
+BNB_EMU_AS_FN1(log)
+BNB_EMU_AS_FN1(log2)
+BNB_EMU_AS_FN1(sin)
+BNB_EMU_AS_FN1(cos)
+BNB_EMU_AS_FN1(tanh)
+BNB_EMU_AS_FN1(floor)
+BNB_EMU_AS_FN1(ceil)
+BNB_EMU_AS_FN1(round)
+BNB_EMU_AS_FN1(rint)
+BNB_EMU_AS_FN1(trunc)
+BNB_EMU_AS_FN1(fabs)
+BNB_EMU_AS_FN1(abs)
+BNB_EMU_AS_FN1(fract)
+BNB_EMU_AS_FN1(saturate)
+BNB_EMU_AS_FN1(sign)
+BNB_EMU_AS_FN1(popcount)
+BNB_EMU_AS_FN1(clz)
+BNB_EMU_AS_FN1(ctz)
+BNB_EMU_AS_FN1(reverse_bits)
+BNB_EMU_AS_FN1(exp10)
+BNB_EMU_AS_FN1(log10)
+BNB_EMU_AS_FN1(tan)
+BNB_EMU_AS_FN1(asin)
+BNB_EMU_AS_FN1(acos)
+BNB_EMU_AS_FN1(atan)
+BNB_EMU_AS_FN1(sinh)
+BNB_EMU_AS_FN1(cosh)
+BNB_EMU_AS_FN2(min)
+BNB_EMU_AS_FN2(max)
+BNB_EMU_AS_FN2(fmin)
+BNB_EMU_AS_FN2(fmax)
+BNB_EMU_AS_FN2(pow)
+BNB_EMU_AS_FN2(copysign)
+BNB_EMU_AS_FN2(fmod)
+BNB_EMU_AS_FN2(step)
+BNB_EMU_AS_FN2(mulhi)
+BNB_EMU_AS_FN2(divide)
+BNB_EMU_AS_FN2(powr)
+BNB_EMU_AS_FN2(atan2)
+// clang-format on
+template <class X, class L, class H>
+inline X clamp(X x, L, H) {
   return x;
 }
 template <class X>
@@ -189,11 +225,20 @@ using namespace metal;
 }  // namespace fast
 
 // SIMD-group functions take and return values.
+// clang-format off
 BNB_EMU_AS_FN1(simd_sum)
-BNB_EMU_AS_FN1(simd_product) BNB_EMU_AS_FN1(simd_max) BNB_EMU_AS_FN1(simd_min) BNB_EMU_AS_FN1(simd_and)
-    BNB_EMU_AS_FN1(simd_or) BNB_EMU_AS_FN1(simd_xor) BNB_EMU_AS_FN1(simd_prefix_inclusive_sum)
-        BNB_EMU_AS_FN1(simd_prefix_exclusive_sum) BNB_EMU_AS_FN1(simd_prefix_inclusive_product)
-            BNB_EMU_AS_FN1(simd_prefix_exclusive_product) BNB_EMU_AS_FN1(simd_broadcast_first)
+BNB_EMU_AS_FN1(simd_product)
+BNB_EMU_AS_FN1(simd_max)
+BNB_EMU_AS_FN1(simd_min)
+BNB_EMU_AS_FN1(simd_and)
+BNB_EMU_AS_FN1(simd_or)
+BNB_EMU_AS_FN1(simd_xor)
+BNB_EMU_AS_FN1(simd_prefix_inclusive_sum)
+BNB_EMU_AS_FN1(simd_prefix_exclusive_sum)
+BNB_EMU_AS_FN1(simd_prefix_inclusive_product)
+BNB_EMU_AS_FN1(simd_prefix_exclusive_product)
+BNB_EMU_AS_FN1(simd_broadcast_first)
+// clang-format on
 #undef BNB_EMU_AS_FN1
 #undef BNB_EMU_AS_FN2
 #define BNB_EMU_AS_SHUFFLE(NAME) \
@@ -201,14 +246,17 @@ BNB_EMU_AS_FN1(simd_product) BNB_EMU_AS_FN1(simd_max) BNB_EMU_AS_FN1(simd_min) B
   inline X NAME(X x, ushort) {   \
     return x;                    \
   }
-                BNB_EMU_AS_SHUFFLE(simd_shuffle) BNB_EMU_AS_SHUFFLE(simd_shuffle_xor)
-                    BNB_EMU_AS_SHUFFLE(simd_shuffle_down) BNB_EMU_AS_SHUFFLE(simd_shuffle_up)
-                        BNB_EMU_AS_SHUFFLE(simd_broadcast) BNB_EMU_AS_SHUFFLE(simd_shuffle_rotate_down)
-                            BNB_EMU_AS_SHUFFLE(simd_shuffle_rotate_up)
+// clang-format off
+BNB_EMU_AS_SHUFFLE(simd_shuffle)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_xor)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_down)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_up)
+BNB_EMU_AS_SHUFFLE(simd_broadcast)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_rotate_down)
+BNB_EMU_AS_SHUFFLE(simd_shuffle_rotate_up)
+// clang-format on
 #undef BNB_EMU_AS_SHUFFLE
-                                inline bool simd_any(bool) {
-  return true;
-}
+inline bool simd_any(bool) { return true; }
 inline bool simd_all(bool) { return true; }
 inline bool simd_is_first() { return true; }
 inline ulong simd_ballot(bool) { return 0; }
@@ -249,8 +297,10 @@ struct atomic_value<atomic_float> {
                                                     typename atomic_value<A>::type, memory_order, memory_order) { \
     return true;                                                                                                  \
   }
+// clang-format off
 BNB_EMU_AS_ATOMICS(device)
 BNB_EMU_AS_ATOMICS(threadgroup)
+// clang-format on
 #undef BNB_EMU_AS_ATOMICS
 #define BNB_EMU_AS_ATOMIC_RMW(NAME)                                                                          \
   template <class A>                                                                                         \
@@ -261,6 +311,7 @@ BNB_EMU_AS_ATOMICS(threadgroup)
   inline typename atomic_value<A>::type NAME(threadgroup A*, typename atomic_value<A>::type, memory_order) { \
     return {};                                                                                               \
   }
+// clang-format off
 BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_add_explicit)
 BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_sub_explicit)
 BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_max_explicit)
@@ -268,6 +319,7 @@ BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_min_explicit)
 BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_and_explicit)
 BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_or_explicit)
 BNB_EMU_AS_ATOMIC_RMW(atomic_fetch_xor_explicit)
+// clang-format on
 #undef BNB_EMU_AS_ATOMIC_RMW
 
 }  // namespace metal
