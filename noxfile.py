@@ -434,22 +434,92 @@ def _install_cuda_for_this_gpu(session: nox.Session) -> None:
     install(session, CUDA, env={"BNB_CUDA_ARCHS": arch})
 
 
+# The reports of a GPU run and of a Mac run, and the scripts that write them (the device-neutral half of
+# both is ci/run_report.py). Each session writes its report even when a step fails, then fails.
+CUDA_REPORT = ROOT / "build" / "cuda-report.md"
+CUDA_REPORT_SCRIPT = "ci/cuda/gpu_report.py"
+MPS_REPORT = ROOT / "build" / "mps-report.md"
+MPS_REPORT_SCRIPT = "packages/backends-mps/tests/mac_report.py"
+# xunit1 junit files carry each test's file, from which the reports rebuild pytest's node ids.
+JUNIT_XUNIT1 = ("-o", "junit_family=xunit1")
+
+
+def _write_report(session: nox.Session, script: str, out: Path, *args: str) -> None:
+    """(Re)write a run report with what is known; a failure here is shown, never the one that fails the session."""
+    try:
+        session.run("python", script, "--out", str(out), *args)
+    except nox.command.CommandFailed as e:
+        session.warn(f"the report {out.name} could not be written: {e}")
+
+
+def _junit_files(steps: dict[str, tuple], results: Path) -> dict[str, Path]:
+    """Where each pytest step (every one but the diagnostics) writes its junit file."""
+    results.mkdir(parents=True, exist_ok=True)
+    return {name: results / f"{name.replace(' ', '-')}.xml" for name in steps if name != "diagnostics"}
+
+
+def _run_steps(session: nox.Session, steps: dict[str, tuple], xml: dict[str, Path], status: dict, env: dict) -> None:
+    """Run every step even when one fails; each one's exit status goes into ``status``."""
+    for name, command in steps.items():
+        if name in xml:
+            xml[name].unlink(missing_ok=True)  # a stale file from an earlier run would read as this run's
+        args = (f"--junitxml={xml[name]}", *session.posargs) if name in xml else ()
+        try:
+            session.run(*command, *args, env=env)
+            status[name] = 0
+        except nox.command.CommandFailed as e:
+            status[name] = getattr(e, "return_code", None) or 1
+
+
+def _report_args(steps: dict[str, tuple], xml: dict[str, Path], status: dict) -> list[str]:
+    """The report's --step and --junit arguments: every step, run or not, in order."""
+    report = [f"--step={name}={status.get(name, 'not run')}" for name in dict.fromkeys([*status, *steps])]
+    return report + [f"--junit={name}={path}" for name, path in xml.items()]
+
+
+def _fail_on(session: nox.Session, status: dict, report: Path) -> None:
+    failed = [name for name, code in status.items() if code != 0]
+    if failed:
+        session.error(f"failed: {', '.join(failed)} (see {report})")
+
+
 @nox.session(name="tests-cuda")
 def tests_cuda(session: nox.Session) -> None:
-    """On a machine with an NVIDIA GPU: the CUDA backend built for that GPU, its tests, the conformance
-    suite on device cuda and the nn/optim tests on cuda (packages/backends-cuda/tests/gpu)."""
+    """On a machine with an NVIDIA GPU: the CUDA backend built for that GPU, the diagnostics, its tests
+    (tests/gpu: the nn modules and optimizers on cuda), the conformance suite on device cuda. Every step
+    runs even when one fails; then build/cuda-report.md (GPU, driver, runtimes, archs built, each step's
+    counts and failures) is written, and the session fails if a step did. For a lent GPU with no network,
+    ci/cuda/device_check.py does the same in one command under ten minutes."""
     install(session, "torch", "-e", f"{CORE}[test]")
-    _install_cuda_for_this_gpu(session)
     strict = {"BNB_STRICT_BACKENDS": "1"}
-    session.run("python", "-m", "bitsandbytes", env=strict)  # diagnostics: archs, driver, runtime
-    session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=strict)
-    session.run("python", "-m", "bitsandbytes.testing", "--device", "cuda", "-q", *session.posargs, env=strict)
+    status: dict[str, object] = {}
+    steps = {
+        "diagnostics": ("python", "-m", "bitsandbytes"),  # archs, driver, runtime
+        "backend tests": ("pytest", "packages/backends-cuda/tests", *JUNIT_XUNIT1),
+        "conformance on cuda": ("python", "-m", "bitsandbytes.testing", "--device", "cuda", "-q", *JUNIT_XUNIT1),
+    }
+    try:
+        _install_cuda_for_this_gpu(session)
+        status["build"] = 0
+    except nox.command.CommandFailed as e:
+        status["build"] = getattr(e, "return_code", None) or 1
+        for name in steps:
+            status[name] = "not run: build failed"
+        steps = {}
+    xml = _junit_files(steps, Path(session.create_tmp()) / "cuda-results")
+    try:
+        _run_steps(session, steps, xml, status, strict)
+    finally:
+        _write_report(session, CUDA_REPORT_SCRIPT, CUDA_REPORT, *_report_args(steps, xml, status))
+    _fail_on(session, status, CUDA_REPORT)
 
 
 @nox.session(name="bench-cuda")
 def bench_cuda(session: nox.Session) -> None:
     """On a GPU: per op, ours vs upstream bitsandbytes==0.50.2 (CUDA, in a venv of its own) vs dense torch;
-    GB/s and % of the device's peak bandwidth. Writes packages/backends-cuda/bench/results/cuda_bench.md."""
+    GB/s and % of the device's peak bandwidth. Writes packages/backends-cuda/bench/results/cuda_bench.md
+    and adds the per-op bandwidth table to build/cuda-report.md (with tests-cuda's results when that ran
+    first), also when the bench fails (the report then says the results are missing)."""
     install(session, "torch", "-e", CORE)
     _install_cuda_for_this_gpu(session)
     upstream = Path(session.virtualenv.location).parent / "bench-cuda-upstream"
@@ -457,8 +527,13 @@ def bench_cuda(session: nox.Session) -> None:
     if not python.exists():
         session.run("python", "-m", "venv", str(upstream))
     session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
+    results = ROOT / "packages" / "backends-cuda" / "bench" / "results"
+    (results / "cuda_bench.json").unlink(missing_ok=True)
     bench = "packages/backends-cuda/bench/bench_cuda.py"
-    session.run("python", bench, "--upstream-python", str(python), *session.posargs)
+    try:
+        session.run("python", bench, "--upstream-python", str(python), "--out", str(results), *session.posargs)
+    finally:
+        _write_report(session, CUDA_REPORT_SCRIPT, CUDA_REPORT, f"--bench={results / 'cuda_bench.json'}")
 
 
 def _require_mps(session: nox.Session) -> None:
@@ -467,17 +542,8 @@ def _require_mps(session: nox.Session) -> None:
         session.error("no Apple Silicon GPU (MPS): torch.backends.mps.is_available() is false")
 
 
-# The one report of a Mac run that tests-mps and bench-mps write (and the script that writes it).
-MPS_REPORT = ROOT / "build" / "mps-report.md"
-MPS_REPORT_SCRIPT = "packages/backends-mps/tests/mac_report.py"
-
-
 def _mps_report(session: nox.Session, *args: str) -> None:
-    """(Re)write MPS_REPORT with what is known; a failure here is shown, never the one that fails the session."""
-    try:
-        session.run("python", MPS_REPORT_SCRIPT, "--out", str(MPS_REPORT), *args)
-    except nox.command.CommandFailed as e:
-        session.warn(f"the Mac report could not be written: {e}")
+    _write_report(session, MPS_REPORT_SCRIPT, MPS_REPORT, *args)
 
 
 @nox.session(name="tests-mps")
@@ -490,36 +556,18 @@ def tests_mps(session: nox.Session) -> None:
     install(session, "torch", "-e", f"{CORE}[test]")
     install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
     _require_mps(session)
-    strict = {"BNB_STRICT_BACKENDS": "1"}
-    results = Path(session.create_tmp()) / "mps-results"
-    results.mkdir(exist_ok=True)
-    # xunit1 junit files carry each test's file, from which the report rebuilds pytest's node ids.
-    junit = ("-o", "junit_family=xunit1")
     steps = {
         "diagnostics": ("python", "-m", "bitsandbytes"),  # which load path won, and why
-        "backend tests": ("pytest", "packages/backends-mps/tests", *junit),
-        "conformance on mps": ("python", "-m", "bitsandbytes.testing", "--device", "mps", "-q", *junit),
+        "backend tests": ("pytest", "packages/backends-mps/tests", *JUNIT_XUNIT1),
+        "conformance on mps": ("python", "-m", "bitsandbytes.testing", "--device", "mps", "-q", *JUNIT_XUNIT1),
     }
-    status: dict[str, int] = {}
+    status: dict[str, object] = {}
+    xml = _junit_files(steps, Path(session.create_tmp()) / "mps-results")
     try:
-        for name, command in steps.items():
-            xml = results / f"{name.replace(' ', '-')}.xml"
-            xml.unlink(missing_ok=True)  # a stale file from an earlier run would read as this run's
-            args = () if name == "diagnostics" else (f"--junitxml={xml}", *session.posargs)
-            try:
-                session.run(*command, *args, env=strict)
-                status[name] = 0
-            except nox.command.CommandFailed as e:
-                status[name] = getattr(e, "return_code", None) or 1
+        _run_steps(session, steps, xml, status, {"BNB_STRICT_BACKENDS": "1"})
     finally:
-        report = [f"--step={name}={status.get(name, 'not run')}" for name in steps]
-        report += [
-            f"--junit={name}={results / (name.replace(' ', '-') + '.xml')}" for name in steps if name != "diagnostics"
-        ]
-        _mps_report(session, *report)
-    failed = [name for name, code in status.items() if code != 0]
-    if failed:
-        session.error(f"failed: {', '.join(failed)} (see {MPS_REPORT})")
+        _mps_report(session, *_report_args(steps, xml, status))
+    _fail_on(session, status, MPS_REPORT)
 
 
 @nox.session(name="bench-mps")
