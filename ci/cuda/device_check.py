@@ -22,6 +22,7 @@ $BNB_CUDA_WHEEL, when set, names a wheel built elsewhere to install instead.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,7 +42,7 @@ WORK = ROOT / "build" / "gpu-check"
 # the rest is slack for the machine's own start and the copying back of the results.
 LIMIT_S = 600
 BUDGET_S = 570
-REPORT_BOX_S = 30  # gathering the report's facts (nvidia-smi, torch, diagnostics): each capped to this
+REPORT_BOX_S = 40  # gathering the report's facts (nvidia-smi, torch, diagnostics, python -m bitsandbytes), all told
 
 PROBE = """
 import sys, torch
@@ -85,6 +86,13 @@ def plugin_args() -> tuple[str, ...]:
     return () if registered else ("-p", "bitsandbytes.testing.plugin")
 
 
+def xdist_args() -> tuple[str, ...]:
+    """Four pytest workers for the conformance suite where pytest-xdist is installed (the lent machine has
+    it): its cases check each GPU result against the reference kernels on the CPU, which is the slow half,
+    and the machine has 16 cores. Each worker is a process with its own CUDA context."""
+    return ("-n", "4") if importlib.util.find_spec("xdist") is not None else ()
+
+
 def plan(python: str, out: Path, arch: str | None = None, work: Path = WORK) -> list[Step]:
     """The steps in order. The build reads the arch the probe wrote (``arch`` overrides it)."""
     site = work / "site"
@@ -94,11 +102,11 @@ def plan(python: str, out: Path, arch: str | None = None, work: Path = WORK) -> 
     build = [python, str(Path(__file__).resolve()), "--build", str(work)] + (["--arch", arch] if arch else [])
     return [
         Step("probe", 20, [python, "-c", PROBE, str(work / "arch")]),
-        Step("build", 150, build, ("probe",)),
+        Step("build", 100, build, () if arch else ("probe",)),
         Step("diagnostics", 30, [python, "-m", "bitsandbytes"], ("build",), env=env),
         Step(
             "backend tests",
-            140,
+            150,
             [python, "-m", "pytest", *GPU_TESTS, "-q", *JUNIT, f"--junitxml={backend}"],
             ("build",),
             backend,
@@ -106,7 +114,7 @@ def plan(python: str, out: Path, arch: str | None = None, work: Path = WORK) -> 
         ),
         Step(
             "conformance on cuda",
-            140,
+            170,
             [
                 python,
                 "-m",
@@ -115,6 +123,7 @@ def plan(python: str, out: Path, arch: str | None = None, work: Path = WORK) -> 
                 "cuda",
                 "-q",
                 *plugin_args(),
+                *xdist_args(),
                 *JUNIT,
                 f"--junitxml={conformance}",
             ],
@@ -132,14 +141,31 @@ def plan(python: str, out: Path, arch: str | None = None, work: Path = WORK) -> 
     ]
 
 
+def has_build_backend() -> bool:
+    """scikit-build-core importable here: with --no-build-isolation pip fetches no build backend."""
+    return importlib.util.find_spec("scikit_build_core") is not None
+
+
 def build(work: Path, arch: str | None) -> int:
     """The build step: BNB_CUDA_ARCHS from --arch or the probe's file, then pip (pip_build)."""
     arch = arch or ((work / "arch").read_text().strip() if (work / "arch").is_file() else "")
     if not arch:
         print(f"no arch: the probe wrote none to {work / 'arch'} and --arch was not given", file=sys.stderr)
         return 2
-    command = pip_build(sys.executable, work / "site", os.environ.get("BNB_CUDA_WHEEL"))
+    wheel = os.environ.get("BNB_CUDA_WHEEL")
+    command = pip_build(sys.executable, work / "site", wheel)
     env = {**os.environ, "BNB_CUDA_ARCHS": arch, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 4)}
+    if not wheel:
+        if not has_build_backend():
+            print("cannot build offline: scikit-build-core is not installed in this Python; install it, or set "
+                  "BNB_CUDA_WHEEL to a wheel built elsewhere", file=sys.stderr)  # fmt: skip
+            return 2
+        toolkit = Path("/usr/local/cuda/bin/nvcc")
+        if shutil.which("nvcc") is None and toolkit.exists():  # the toolkit installed, its bin not on PATH
+            env["CUDACXX"] = str(toolkit)
+            env["PATH"] = f"{toolkit.parent}{os.pathsep}{env.get('PATH', '')}"
+        nvcc = env.get("CUDACXX") or shutil.which("nvcc") or "nvcc"
+        subprocess.call([nvcc, "--version"], env=env)  # into the log: which compiler built it
     print(f"BNB_CUDA_ARCHS={arch} {' '.join(command)}", flush=True)
     return subprocess.call(command, env=env, cwd=ROOT)
 
@@ -169,10 +195,11 @@ def execute(
     budget: float = BUDGET_S,
     run: run_report.Run = subprocess.run,
     work: Path = WORK,
+    arch: str | None = None,
 ) -> tuple[list[dict], dict]:
     """Run the steps in order, each within its box and within what is left of ``budget`` (less the
     report's share), skip those whose prerequisites failed, then write the report. Returns the steps'
-    results and the report's state."""
+    results and the report's state. ``arch`` is --arch when given (else the probe's file says it)."""
     deadline = time.monotonic() + budget - REPORT_BOX_S
     log = out / "steps.log"
     results: dict[str, dict] = {}
@@ -194,15 +221,19 @@ def execute(
     if bench.is_file():
         shutil.copy(bench, out / "cuda_bench.json")
 
-    def capped(cmd, **kwargs):  # no fact-finding child may eat more than the report's share
-        kwargs["timeout"] = min(kwargs.get("timeout") or REPORT_BOX_S, REPORT_BOX_S)
+    report_deadline = time.monotonic() + REPORT_BOX_S
+
+    def capped(cmd, **kwargs):  # the fact-finding children share the report's box
+        left = max(1.0, report_deadline - time.monotonic())
+        kwargs["timeout"] = min(kwargs.get("timeout") or left, left)
         return run(cmd, **kwargs)
 
     # The report's children see what the steps saw (the built backend, the checkout's core).
     saved = dict(os.environ)
     os.environ.update(next((s.env for s in steps if "PYTHONPATH" in s.env), {}))
-    arch = work / "arch"
-    os.environ["BNB_CUDA_ARCHS"] = arch.read_text().strip() if arch.is_file() else os.environ.get("BNB_CUDA_ARCHS", "")
+    probed = work / "arch"
+    probed = probed.read_text().strip() if probed.is_file() else os.environ.get("BNB_CUDA_ARCHS", "")
+    os.environ["BNB_CUDA_ARCHS"] = arch or probed  # what the build was given
     try:
         state = gpu_report.collect({}, run=capped)
     finally:
@@ -240,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         stale.unlink(missing_ok=True)  # a file from an earlier run would read as this run's
     WORK.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    results, state = execute(steps, out, args.budget)
+    results, state = execute(steps, out, args.budget, arch=args.arch)
     report = out / "cuda-report.md"
     print(report.read_text())
     print("\n".join(f"{k}: {v}" for k, v in gpu_report.summary(state).items()))
