@@ -182,7 +182,8 @@ def dry_run(steps: list[Step], budget: float) -> int:
         print(f"{s.box_s:5.0f} s  {s.name}{needs}: {env + ' ' if env else ''}{' '.join(argv)}")
         if s.name == "build":
             pip = pip_build(s.argv[0], WORK / "site", os.environ.get("BNB_CUDA_WHEEL"))
-            print(f"         which runs: BNB_CUDA_ARCHS=<probed arch> {' '.join(pip)}")
+            arch = s.argv[s.argv.index("--arch") + 1] if "--arch" in s.argv else "<probed arch>"
+            print(f"         which runs: BNB_CUDA_ARCHS={arch} {' '.join(pip)}")
     total = planned_seconds(steps)
     print(f"{REPORT_BOX_S:5.0f} s  report: ci/cuda/gpu_report.py")
     print(f"{total:5.0f} s  in all (budget {budget:.0f} s, one device command at most {LIMIT_S} s)")
