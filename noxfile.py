@@ -53,8 +53,9 @@ def tests(session: nox.Session) -> None:
     CUDA backend built with nvcc for one architecture, its tests and the conformance suite on its emulated
     kernels; last, the real clients (transformers, PEFT, accelerate) on the native kernels; and the wheels,
     built and installed from a wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
-    # ziglang: a clang from PyPI for the Metal address-space check, where the machine has no clang++.
-    install(session, "torch", "-e", f"{CORE}[test]", "ziglang")
+    # ziglang: a clang from PyPI for the Metal address-space check, where the machine has no clang++; nox:
+    # the report tests drive this file's tests-mps / tests-cuda sessions with a fake session.
+    install(session, "torch", "-e", f"{CORE}[test]", "ziglang", "nox")
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run(
         "pytest",
