@@ -75,6 +75,25 @@ def child_json(code: str, run: Run = subprocess.run, timeout: float = 600) -> di
         return {"error": f"the diagnostics process ended with status {done.returncode}: {tail}"}
 
 
+# Loading a backend compiles sources or starts a driver; in a child process a crash there costs the report
+# this section only.
+_BACKEND_DIAGNOSTICS = """
+import json
+import bitsandbytes.backends as backends
+from {module} import plugin
+record = next((r for r in backends.records() if r.name == {name!r}), None)
+info = {{"backend status": record.summary() if record else "no {name!r} entry point found"}}
+info.update({{k: str(v) for k, v in plugin.backend.diagnostics().items()}})
+print(json.dumps(info))
+"""
+
+
+def backend_diagnostics(name: str, run: Run = subprocess.run, timeout: float = 600) -> dict[str, str]:
+    """Backend ``name``'s own diagnostics (``bitsandbytes_<name>.plugin``) and its status as the core's
+    discovery recorded it, read in a child interpreter."""
+    return child_json(_BACKEND_DIAGNOSTICS.format(module=f"bitsandbytes_{name}", name=name), run, timeout=timeout)
+
+
 def bnb_cli(run: Run = subprocess.run, timeout: float = 600) -> str:
     """The output of ``python -m bitsandbytes`` in this interpreter."""
     try:

@@ -108,21 +108,10 @@ def torch_cuda(run: Run = subprocess.run) -> dict[str, str]:
     return run_report.child_json(_TORCH, run, timeout=120)
 
 
-_DIAGNOSTICS = """
-import json
-import bitsandbytes.backends as backends
-record = next((r for r in backends.records() if r.name == "cuda"), None)
-info = {"backend status": record.summary() if record else "no 'cuda' entry point found"}
-from bitsandbytes_cuda import plugin
-info.update({k: str(v) for k, v in plugin.backend.diagnostics().items()})
-print(json.dumps(info))
-"""
-
-
 def cuda_diagnostics(run: Run = subprocess.run) -> dict[str, str]:
     """The cuda backend's own diagnostics (library path, archs in it, its static CUDA runtime, the driver,
     the devices it serves) and its status as the core's discovery recorded it."""
-    return run_report.child_json(_DIAGNOSTICS, run, timeout=300)
+    return run_report.backend_diagnostics("cuda", run, timeout=300)
 
 
 def host() -> dict[str, str]:

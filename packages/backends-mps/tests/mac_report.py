@@ -103,23 +103,10 @@ def environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return run_report.environment(ENV_VARS, environ)
 
 
-# Run in a child process: loading the backend compiles Metal sources, and a compiler or driver crash there
-# must cost the report this section only.
-_DIAGNOSTICS = """
-import json
-import bitsandbytes.backends as backends
-from bitsandbytes_mps import plugin
-record = next((r for r in backends.records() if r.name == "mps"), None)
-info = {"backend status": record.summary() if record else "no 'mps' entry point found"}
-info.update({k: str(v) for k, v in plugin.backend.diagnostics().items()})
-print(json.dumps(info))
-"""
-
-
 def mps_diagnostics(run: Run = subprocess.run) -> dict[str, str]:
     """The mps backend's own diagnostics (load path, the reason each other path was passed over, the ops on
     Metal kernels and on the reference) and its status as the core's discovery recorded it."""
-    return run_report.child_json(_DIAGNOSTICS, run)
+    return run_report.backend_diagnostics("mps", run)
 
 
 def _bench_table(bench: dict) -> list[str]:
