@@ -69,7 +69,8 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env={**strict, "BNB_BACKENDS": "none"})
     _plugin_template(session)
 
-    install(session, "./packages/backends-cpu")
+    raw = _native_wheels(session)
+    _install_wheel(session, raw, "bitsandbytes_cpu")
     session.run("pytest", "packages/backends-cpu/tests", *session.posargs, env=strict)
     # Upstream's bytes must come out of the native kernels too.
     compat = ["packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py"]
@@ -80,7 +81,7 @@ def tests(session: nox.Session) -> None:
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
 
-    _tests_cuda_emulated(session, strict)
+    _tests_cuda_emulated(session, strict, raw)
     _tests_mps_emulated(session, strict)
 
     install(session, *CLIENTS)
@@ -136,7 +137,7 @@ def _plugin_template(session: nox.Session) -> None:
         session.run(python, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests, env=env, external=True)
 
 
-def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
+def _tests_cuda_emulated(session: nox.Session, strict: dict, raw: Path) -> None:
     """The CUDA backend without a GPU: built with nvcc for one architecture (BNB_CUDA_ARCHS, default 80,
     keeps CI time modest), its own tests, then the conformance suite on its kernels in the emulator."""
     import shutil
@@ -144,7 +145,7 @@ def _tests_cuda_emulated(session: nox.Session, strict: dict) -> None:
     if shutil.which("nvcc") is None:
         session.log("skipping the CUDA backend: nvcc is not on PATH (install the CUDA toolkit to build it)")
         return
-    install(session, CUDA, env={"BNB_CUDA_ARCHS": CUDA_CI_ARCH})
+    _install_wheel(session, raw, "bitsandbytes_cuda")
     session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=strict)
     session.log("conformance on the emulated CUDA kernels")
     emulated = ("-p", "bitsandbytes_cuda.testing.emulated")
@@ -204,20 +205,13 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     a fresh venv, outside the source tree, installs bitsandbytes[cpu] with --no-index from the wheelhouse."""
     import shutil
 
-    session.install(*WHEEL_TOOLS)
-    tmp = Path(session.create_tmp()).resolve()
-    raw = tmp / "raw"
-    for folder in (WHEELHOUSE, raw):
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+    raw = _native_wheels(session)
+    tmp = raw.parent
+    shutil.rmtree(WHEELHOUSE, ignore_errors=True)
+    WHEELHOUSE.mkdir(parents=True)
     build = ("python", "-m", "build", "--outdir")
     session.run(*build, str(WHEELHOUSE), "--sdist", "--wheel", CORE)
     session.run(*build, str(WHEELHOUSE), "--wheel", MPS)
-    session.run(*build, str(raw), "--wheel", "./packages/backends-cpu")
-    if shutil.which("nvcc") is not None:
-        session.run(*build, str(raw), "--wheel", CUDA, env={"BNB_CUDA_ARCHS": CUDA_CI_ARCH})
-    else:
-        session.log("no CUDA wheel: nvcc is not on PATH")
     for wheel in sorted(raw.glob("*.whl")):
         _repair_or_keep(session, wheel)
 
@@ -233,6 +227,38 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
         session.run("abi3audit", "--strict", "--report", *abi3)
 
     _install_from_wheelhouse(session, tmp)
+
+
+# Session runs whose native wheels are built (a set of their raw/ folders).
+_NATIVE_WHEELS_BUILT: set[str] = set()
+
+
+def _native_wheels(session: nox.Session) -> Path:
+    """The CPU wheel, and the CUDA wheel for CUDA_CI_ARCH when nvcc is here, built once per run into the
+    session's tmp/raw: `tests` installs these very files and the wheel checks repair and ship them, so each
+    backend is compiled once per run, not once to test and again to package (minutes of CI for CUDA)."""
+    import shutil
+
+    raw = Path(session.create_tmp()).resolve() / "raw"
+    if str(raw) in _NATIVE_WHEELS_BUILT:
+        return raw
+    session.install(*WHEEL_TOOLS)
+    shutil.rmtree(raw, ignore_errors=True)
+    raw.mkdir(parents=True)
+    build = ("python", "-m", "build", "--outdir", str(raw), "--wheel")
+    session.run(*build, "./packages/backends-cpu")
+    if shutil.which("nvcc") is not None:
+        session.run(*build, CUDA, env={"BNB_CUDA_ARCHS": CUDA_CI_ARCH})
+    else:
+        session.log("no CUDA wheel: nvcc is not on PATH")
+    _NATIVE_WHEELS_BUILT.add(str(raw))
+    return raw
+
+
+def _install_wheel(session: nox.Session, raw: Path, name: str) -> None:
+    """Installs the one `name` wheel _native_wheels built, over whatever a reused venv holds (same version)."""
+    (wheel,) = raw.glob(f"{name}-*.whl")
+    install(session, "--no-deps", "--force-reinstall", str(wheel))
 
 
 def _repair_or_keep(session: nox.Session, wheel: Path) -> None:
