@@ -215,12 +215,30 @@ def requantized_scales(qs, nested_blocksize):
     return F.QuantState.from_dict(d, torch.device("cpu"))
 
 
+def half_nested_dtype(qs):
+    """``qs`` read from a checkpoint whose nested_dtype is float16: upstream decodes the scales in float16."""
+    return F.QuantState.from_dict(qs.as_dict() | {"nested_dtype": "float16"}, torch.device("cpu"))
+
+
+def float_offset(qs):
+    """``qs`` built by hand with a Python float offset (dequantize_4bit adds it as a number)."""
+    return F.QuantState(
+        absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize, quant_type=qs.quant_type,
+        dtype=qs.dtype, offset=qs.offset.item(), state2=qs.state2,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "restate",
+    [lambda qs: requantized_scales(qs, 64), half_nested_dtype, float_offset],
+    ids=["nested_blocksize-64", "nested_dtype-float16", "float-offset"],
+)
 @pytest.mark.parametrize("shape", [(1, K), (5, K)], ids=["row", "rows"])
-def test_nested_blocksize_other_than_256(shape):
-    """gemm_4bit's nested arguments fix the 8-bit codes' block size at 256: any other is expanded first."""
+def test_nested_states_gemm_4bit_cannot_take_are_expanded_first(restate, shape):
+    """gemm_4bit's nested arguments fix the 8-bit codes' block size (256), their float32 decoding and a
+    tensor offset: a state that says otherwise has its scales expanded as dequantize_4bit expands them."""
     packed, qs, _ = weight("nf4", nested=True, shape=(N, 4 * K))
-    qs = requantized_scales(qs, 64)
-    assert qs.state2.absmax.numel() > 1  # blocks of 64 and of 256 codes differ
+    qs = restate(qs)
     A = torch.randn(shape[0], 4 * K, generator=gen(16))
     W = F.dequantize_4bit(packed, qs)
-    torch.testing.assert_close(matmul_4bit(A, packed, qs), A @ W.t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(matmul_4bit(A, packed, qs), A @ W.t(), rtol=1e-6, atol=1e-6)
