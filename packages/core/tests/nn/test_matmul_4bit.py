@@ -241,4 +241,4 @@ def test_nested_states_gemm_4bit_cannot_take_are_expanded_first(restate, shape):
     qs = restate(qs)
     A = torch.randn(shape[0], 4 * K, generator=gen(16))
     W = F.dequantize_4bit(packed, qs)
-    torch.testing.assert_close(matmul_4bit(A, packed, qs), A @ W.t(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(matmul_4bit(A, packed, qs), A @ W.t(), rtol=1e-5, atol=1e-5)
