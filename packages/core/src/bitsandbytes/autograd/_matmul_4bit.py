@@ -30,8 +30,7 @@ def _gemm_takes_nested(qs: F.QuantState) -> bool:
         s2.blocksize == _formats.DOUBLE_QUANT_BLOCKSIZE
         and s2.dtype == torch.float32
         and isinstance(qs.offset, torch.Tensor)
-        and isinstance(s2.absmax, torch.Tensor)
-        and s2.absmax.dtype == torch.float32
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in (s2.absmax, s2.code))
     )
 
 
