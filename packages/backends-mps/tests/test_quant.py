@@ -464,7 +464,24 @@ def test_gemv_out_and_quant_storage(rows, storage):
         quant.gemv_4bit_out(*args, torch.empty((rows, 2 * N), dtype=torch.bfloat16)[:, ::2])
 
 
-@pytest.mark.parametrize("rows", [2, 11])
+def nested_scales(absmax):
+    """gemm_4bit's double-quantized form of ``absmax``: (its keyword arguments, absmax2, the expanded scales)."""
+    dyn = torch.linspace(-1, 1, 256)
+    offset = absmax.mean()
+    absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
+    kwargs = {"absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset.reshape(1)}
+    expanded = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+    return kwargs, absmax2, expanded
+
+
+def gemm_kernels(rows, nested, dtype, quant_type="nf4"):
+    """The kernels gemm_4bit dispatches: the gemv kernel for few rows, else the whole weight dequantized."""
+    sfx = quant.suffix(dtype)
+    matmul = f"gemv_4bit_{sfx}" if rows <= quant.GEMM_FUSED_MAX_ROWS else f"dequantize_4bit_{quant_type}_{sfx}"
+    return [*(["dequantize_blockwise_f32"] if nested else []), matmul]
+
+
+@pytest.mark.parametrize("rows", [1, 2, quant.GEMM_FUSED_MAX_ROWS, quant.GEMM_FUSED_MAX_ROWS + 1, 11])
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -474,20 +491,39 @@ def test_gemm_4bit(dispatched, dtype, bias, nested, rows):
     A = rand((rows, K), dtype, seed=6)
     kwargs = {"bias": rand((N,), dtype, seed=7)} if bias else {}
     if nested:
-        dyn = torch.linspace(-1, 1, 256)
-        offset = absmax.mean()
-        absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
-        kwargs |= {"absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset.reshape(1)}
-        effective = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+        nested_kwargs, absmax, effective = nested_scales(absmax)
+        kwargs |= nested_kwargs
         W64 = REFERENCE["dequantize_4bit"](packed, effective, blocksize, "nf4", [N, K], torch.float32).double()
-        absmax = absmax2
     args = (A, packed, [N, K], absmax, blocksize, "nf4")
     out = quant.gemm_4bit(*args, **kwargs)
-    sfx = quant.suffix(dtype)
-    assert dispatched == [*(["dequantize_blockwise_f32"] if nested else []), f"dequantize_4bit_nf4_{sfx}"]
+    assert dispatched == gemm_kernels(rows, nested, dtype)
     assert_matmul_close(out, REFERENCE["gemm_4bit"](*args, **kwargs), A, W64)
     truth = A.double() @ W64.T + (kwargs["bias"].double() if bias else 0)
     assert_matmul_close(out, truth.to(dtype), A, W64)
+
+
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gemm_4bit_one_nested_row_is_the_gemv_kernel_on_the_expanded_scales(dispatched, dtype, quant_type):
+    """The core's decoding step with double quantization: the scales expanded by one dequantize_blockwise
+    launch, then the gemv kernel with quant_type's table (never the whole weight dequantized): the same bits
+    as gemv_4bit on the reference's expanded scales. The bias is added in float32 before the one rounding,
+    as the reference adds it: for float32 A, exactly the unbiased sum + bias."""
+    N, K, blocksize = 9, 256, 64
+    packed, absmax, _ = quantized(N, K, blocksize, quant_type, seed=8)
+    nested_kwargs, absmax2, expanded = nested_scales(absmax)
+    W64 = REFERENCE["dequantize_4bit"](packed, expanded, blocksize, quant_type, [N, K], torch.float32).double()
+    A = rand((1, K), dtype, seed=9)
+    args = (A, packed, [N, K], absmax2, blocksize, quant_type)
+    out = quant.gemm_4bit(*args, **nested_kwargs)
+    assert dispatched == gemm_kernels(1, True, dtype, quant_type)
+    assert_equal(out, quant.gemv_4bit(A, packed, [N, K], expanded, code_of(quant_type), blocksize), "gemv")
+    assert_matmul_close(out, REFERENCE["gemm_4bit"](*args, **nested_kwargs), A, W64)
+    bias = rand((N,), dtype, seed=10)
+    with_bias = quant.gemm_4bit(*args, bias=bias, **nested_kwargs)
+    assert_matmul_close(with_bias, REFERENCE["gemm_4bit"](*args, bias=bias, **nested_kwargs), A, W64)
+    if dtype == torch.float32:
+        assert_equal(with_bias, out + bias, "gemm + bias")
 
 
 def test_empty_dimensions(dispatched):

@@ -227,3 +227,26 @@ def test_embedding4bit_compiles_whole(dim):
     y = torch.compile(m, fullgraph=True)(idx)
     assert not counters["graph_break"]
     assert torch.equal(y, m(idx))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nested_one_row_graph_calls_gemm_4bit_alone(dtype):
+    """Decoding through a double-quantized layer compiles to one gemm_4bit (the scales decoded in it, no
+    dequantize_blockwise + gemv_4bit), and Inductor's output has the bits of gemv_4bit on the expanded scales."""
+    torch.compiler.reset()
+    counters.clear()
+    seen: list[str] = []
+
+    def capture(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    m = linear4bit("nf4", True, True, dtype, seed=5).eval()
+    x = torch.randn(1, IN, generator=gen(21)).to(dtype)
+    with torch.no_grad():
+        torch.compile(m, backend=capture, fullgraph=True)(x)
+        y = torch.compile(m, fullgraph=True)(x)
+        expanded = bnb.functional.gemv_4bit(x, m.weight, state=m.weight.quant_state).add_(m.bias)
+    assert [t for t in seen if t.startswith("bitsandbytes.")] == ["bitsandbytes.gemm_4bit.default"]
+    assert not counters["graph_break"]
+    assert torch.equal(y, expanded)

@@ -6,6 +6,8 @@ import torch
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 from bitsandbytes.autograd._functions import MatMul4Bit, matmul_4bit
+from bitsandbytes.autograd._matmul_4bit import linear_4bit
+from bitsandbytes.diagnostics.op_trace import trace_ops
 
 N, K = 24, 64
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
@@ -141,3 +143,102 @@ def test_bad_input():
     flat = F.QuantState(absmax=qs.absmax, shape=torch.Size([N * K]), code=qs.code, blocksize=64, quant_type="nf4")
     with pytest.raises(ValueError, match="2-D"):
         matmul_4bit(A, packed, flat)
+
+
+# -------------------------------------------------------------------------- one row, nested scales
+
+
+def nested_linear(quant_type, dtype, bias):
+    torch.manual_seed(3)
+    m = bnb.nn.Linear4bit(K, N, bias=bias, compute_dtype=dtype, compress_statistics=True, quant_type=quant_type)
+    if bias:
+        with torch.no_grad():
+            m.bias.normal_()  # as large as the products, so that the bias's rounding shows
+    return m.to("cpu").eval()
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_nested_single_row_is_one_gemm_4bit(bias):
+    """The decoding step with double-quantized scales: gemm_4bit decodes them where it loads them; no
+    dequantize_blockwise launch to expand them first, no gemv_4bit."""
+    packed, qs, _ = weight("nf4", nested=True)
+    b = torch.randn(N, generator=gen(11)) if bias else None
+    with trace_ops() as trace:
+        matmul_4bit(torch.randn(1, 1, K, generator=gen(12)), packed, qs, bias=b)
+    assert dict(trace.counts) == {("gemm_4bit", "cpu"): 1}
+    m = nested_linear("fp4", torch.bfloat16, bias)
+    with trace_ops() as trace, torch.no_grad():
+        m(torch.randn(1, K, generator=gen(13)))
+    assert dict(trace.counts) == {("gemm_4bit", "cpu"): 1}
+    # A plain state keeps upstream's op for one row.
+    plain, pqs, _ = weight("nf4")
+    with trace_ops() as trace:
+        matmul_4bit(torch.randn(1, K), plain, pqs)
+    assert dict(trace.counts) == {("gemv_4bit", "cpu"): 1}
+
+
+def previous_one_row_path(A, packed, qs, bias):
+    """What the one-row path computed before gemm_4bit took nested states: scales expanded by F.gemv_4bit,
+    the bias added to its output in the bias's own dtype."""
+    out = F.gemv_4bit(A, packed, state=qs)
+    return out if bias is None else out.add_(bias)
+
+
+@pytest.mark.parametrize("bias_dtype", [None, "A", torch.float32], ids=["nobias", "bias-A-dtype", "bias-fp32"])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_nested_single_row_same_bits_as_gemv_on_expanded_scales(dtype, quant_type, bias_dtype):
+    packed, qs, _ = weight(quant_type, nested=True, dtype=dtype)
+    A = torch.randn(1, K, generator=gen(14)).to(dtype)
+    bias = None
+    if bias_dtype is not None:
+        bias = torch.randn(N, generator=gen(15)).to(dtype if bias_dtype == "A" else bias_dtype)
+    expected = previous_one_row_path(A, packed, qs, bias)
+    if bias is None or bias.dtype == dtype:
+        assert torch.equal(matmul_4bit(A, packed, qs, bias=bias), expected)
+    m = nested_linear(quant_type, dtype, bias is not None)
+    mbias = None if m.bias is None else m.bias.detach()
+    with torch.no_grad():
+        got = m(A)
+    assert got.dtype == dtype
+    assert torch.equal(got, previous_one_row_path(A, m.weight, m.weight.quant_state, mbias))
+    if bias is not None:  # linear_4bit: the module's bias in any float dtype, added to the kernel's output
+        assert torch.equal(linear_4bit(A, packed, qs, bias), expected)
+
+
+def requantized_scales(qs, nested_blocksize):
+    """``qs`` with its block scales double-quantized in blocks of ``nested_blocksize`` through from_dict, as
+    a checkpoint may hold them (upstream reads any nested_blocksize)."""
+    d = qs.as_dict()
+    q, s2 = F.quantize_blockwise(F.dequantize_blockwise(qs.absmax, qs.state2), blocksize=nested_blocksize)
+    d |= {"absmax": q, "nested_absmax": s2.absmax, "nested_blocksize": nested_blocksize}
+    return F.QuantState.from_dict(d, torch.device("cpu"))
+
+
+def half_nested_dtype(qs):
+    """``qs`` read from a checkpoint whose nested_dtype is float16: upstream decodes the scales in float16."""
+    return F.QuantState.from_dict(qs.as_dict() | {"nested_dtype": "float16"}, torch.device("cpu"))
+
+
+def float_offset(qs):
+    """``qs`` built by hand with a Python float offset (dequantize_4bit adds it as a number)."""
+    return F.QuantState(
+        absmax=qs.absmax, shape=qs.shape, code=qs.code, blocksize=qs.blocksize, quant_type=qs.quant_type,
+        dtype=qs.dtype, offset=qs.offset.item(), state2=qs.state2,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "restate",
+    [lambda qs: requantized_scales(qs, 64), half_nested_dtype, float_offset],
+    ids=["nested_blocksize-64", "nested_dtype-float16", "float-offset"],
+)
+@pytest.mark.parametrize("shape", [(1, K), (5, K)], ids=["row", "rows"])
+def test_nested_states_gemm_4bit_cannot_take_are_expanded_first(restate, shape):
+    """gemm_4bit's nested arguments fix the 8-bit codes' block size (256), their float32 decoding and a
+    tensor offset: a state that says otherwise has its scales expanded as dequantize_4bit expands them."""
+    packed, qs, _ = weight("nf4", nested=True, shape=(N, 4 * K))
+    qs = restate(qs)
+    A = torch.randn(shape[0], 4 * K, generator=gen(16))
+    W = F.dequantize_4bit(packed, qs)
+    torch.testing.assert_close(matmul_4bit(A, packed, qs), A @ W.t(), rtol=1e-5, atol=1e-5)

@@ -322,7 +322,8 @@ template <typename T, int QT>
 //     never straddle a block of scales (block sizes >= 32), so one scale per load;
 //   even K: rows start on a byte, a thread takes the pair k, k + 1 (one byte per feature);
 //   odd K: rows start mid-byte every other row, a thread takes one k.
-// Then simd_sum per (feature, row) and a fixed-order sum over the SIMD-groups.
+// Then simd_sum per (feature, row) and a fixed-order sum over the SIMD-groups, plus bias[n] (float32, read
+// only when has_bias != 0: gemm_4bit's bias) before the result is rounded to T.
 template <typename T>
 [[max_total_threads_per_threadgroup(128)]] kernel void gemv_4bit(device const T* A [[buffer(0)]],
                       device const uchar* B [[buffer(1)]],
@@ -334,6 +335,8 @@ template <typename T>
                       constant long& K [[buffer(7)]],
                       constant long& blocksize [[buffer(8)]],
                       constant long& words [[buffer(9)]],
+                      device const float* bias [[buffer(10)]],
+                      constant long& has_bias [[buffer(11)]],
                       uint2 tg [[threadgroup_position_in_grid]],
                       uint lid [[thread_index_in_threadgroup]],
                       uint2 tg_size [[threads_per_threadgroup]],
@@ -443,6 +446,7 @@ template <typename T>
     if (f < feats && r < rows) {
       float v = partial[r * F + f];
       for (uint j = 1; j < sg_count; ++j) v += partial[j * (F * R) + r * F + f];
+      if (has_bias != 0) v += bias[n0 + f];  // in float32 before the one rounding, as the reference
       out[(m0 + r) * N + n0 + f] = T(v);
     }
   }
@@ -521,6 +525,8 @@ template [[host_name("gemv_4bit_f32")]] kernel void gemv_4bit<float>(
     constant long& K [[buffer(7)]],
     constant long& blocksize [[buffer(8)]],
     constant long& words [[buffer(9)]],
+    device const float* bias [[buffer(10)]],
+    constant long& has_bias [[buffer(11)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint2 tg_size [[threads_per_threadgroup]],
@@ -597,6 +603,8 @@ template [[host_name("gemv_4bit_f16")]] kernel void gemv_4bit<half>(
     constant long& K [[buffer(7)]],
     constant long& blocksize [[buffer(8)]],
     constant long& words [[buffer(9)]],
+    device const float* bias [[buffer(10)]],
+    constant long& has_bias [[buffer(11)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint2 tg_size [[threads_per_threadgroup]],
@@ -674,6 +682,8 @@ template [[host_name("gemv_4bit_bf16")]] kernel void gemv_4bit<bfloat>(
     constant long& K [[buffer(7)]],
     constant long& blocksize [[buffer(8)]],
     constant long& words [[buffer(9)]],
+    device const float* bias [[buffer(10)]],
+    constant long& has_bias [[buffer(11)]],
     uint2 tg [[threadgroup_position_in_grid]],
     uint lid [[thread_index_in_threadgroup]],
     uint2 tg_size [[threads_per_threadgroup]],

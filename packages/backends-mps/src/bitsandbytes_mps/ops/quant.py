@@ -5,11 +5,12 @@ the launch geometry of every kernel is computed here and nowhere else (what each
 above it in metal/quant.metal). A kernel the loaded library lacks (bfloat before macOS 14) sends the op
 to the core's reference kernel, on the same device.
 
-gemm_4bit is dequantize + torch.matmul on purpose: with many rows the product is compute-bound, and
+gemm_4bit with many rows is dequantize + torch.matmul on purpose: the product is compute-bound, and
 PyTorch's MPS matmul (MPSGraph / Metal Performance Shaders, simdgroup-matrix tiles) is what a hand-written
 dequantizing GEMM would have to beat on every Apple GPU generation; the extra pass over the weight is
-amortised over the rows. The few-row (decoding) case, where the weight's bytes dominate, is gemv_4bit:
-one fused kernel that reads each weight byte once.
+amortised over the rows. With few rows (decoding; the core's one-row product of a double-quantized
+weight comes here), where the weight's bytes dominate, it is the gemv_4bit kernel: one fused pass that
+reads each weight byte once per GEMV_ROWS rows.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from ..tables.quant import (
     QUANT_ITEMS,
     QUANT_MIN_THREADS,
 )
-from ._common import native, suffix
+from ._common import native, placeholder, suffix
 
 __all__ = ["OPS"]
 
@@ -210,6 +211,28 @@ def dequantize_4bit_out(
 # ------------------------------------------------------------------------------------------ matmul
 
 
+# Rows of A up to which gemm_4bit runs the gemv kernel; above, dequantize + torch.matmul. UNMEASURED (no
+# Mac here): two threadgroup rows of the kernel (each reads the weight once, 0.5 byte a weight) against
+# the dense path's 4.5 bytes a weight (write and read an fp16 weight, read the packed one). Bytes alone
+# would move the crossover to ~36 rows; the kernel's fp32 FMAs (no simdgroup matrices) keep it low.
+GEMM_FUSED_MAX_ROWS = 2 * GEMV_ROWS
+
+_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def _table(quant_type: str, device: torch.device) -> torch.Tensor:
+    """The 16-entry float32 table of ``quant_type`` on ``device``, made once (no copy in the hot path)."""
+    key = (quant_type, device)
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = _formats.code_table(quant_type, device).float().contiguous()
+    return t
+
+
+def _rows(A: torch.Tensor, K: int) -> int:
+    return A.numel() // K if K else prod(A.shape[:-1])
+
+
 def _gemv_threads(N: int) -> int:
     """Threads along x of a gemv launch: a threadgroup of GEMV_THREADS per GEMV_FEATURES output features."""
     return _checks.n_blocks(N, GEMV_FEATURES) * GEMV_THREADS
@@ -221,11 +244,14 @@ def gemv_reads_words(Bb: torch.Tensor, K: int) -> bool:
     return K % 8 == 0 and Bb.storage_offset() % 4 == 0
 
 
-def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
-    """out[..., N] = A[..., K] @ W.T by the fused kernel (any M, N, K > 0); ``out`` flat and contiguous."""
+def _gemv_into(A, B, N, K, absmax, code, blocksize, out, bias=None) -> None:
+    """out[..., N] = A[..., K] @ W.T (+ bias) by the fused kernel (any M, N, K > 0); ``out`` flat and
+    contiguous."""
     M = A.numel() // K
     Bb = _bytes(B)
     words = int(gemv_reads_words(Bb, K))
+    # The kernel adds the bias in float32 before its one rounding to A's dtype, as the reference.
+    b = placeholder(A.device) if bias is None else bias.contiguous().float()
     library.dispatch(
         f"gemv_4bit_{suffix(A.dtype)}",
         A.contiguous().reshape(-1),
@@ -238,18 +264,23 @@ def _gemv_into(A, B, N, K, absmax, code, blocksize, out) -> None:
         K,
         blocksize,
         words,
+        b,
+        int(bias is not None),
         threads=(_gemv_threads(N), _checks.n_blocks(M, GEMV_ROWS)),
         group_size=(GEMV_THREADS, 1),
     )
 
 
-def _gemv(A, B, N, K, absmax, code, blocksize, out) -> None:
+def _gemv(A, B, N, K, absmax, code, blocksize, out, bias=None) -> None:
     if out.numel() == 0:
         return
     if K == 0:
-        out.zero_()
+        if bias is None:
+            out.zero_()
+        else:
+            out.copy_(bias.expand_as(out))
         return
-    _gemv_into(A, B, N, K, absmax, code, blocksize, out.view(-1))
+    _gemv_into(A, B, N, K, absmax, code, blocksize, out.view(-1), bias)
 
 
 def gemv_4bit(
@@ -294,10 +325,14 @@ def gemm_4bit(
     absmax_offset: torch.Tensor | None = None,
 ) -> torch.Tensor:
     N, K = check_gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
-    kernels = [f"dequantize_4bit_{quant_type}_{suffix(A.dtype)}"]
+    fused = _rows(A, K) <= GEMM_FUSED_MAX_ROWS
+    if fused:
+        kernels = [(f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(N))]
+    else:
+        kernels = [(f"dequantize_4bit_{quant_type}_{suffix(A.dtype)}", N * K)]
     if absmax_8bit is not None:
-        kernels.append("dequantize_blockwise_f32")
-    if not all(native(k, N * K) for k in kernels):
+        kernels.append(("dequantize_blockwise_f32", dequantize_geometry(max(absmax_8bit.numel(), 1))[0]))
+    if not all(native(k, threads) for k, threads in kernels):
         return REFERENCE["gemm_4bit"](
             A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset
         )
@@ -306,6 +341,10 @@ def gemm_4bit(
         scales = torch.empty(absmax_8bit.numel(), dtype=torch.float32, device=A.device)
         _dequantize_blockwise_into(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, scales)
         absmax = scales + absmax_offset.reshape(()).float()
+    if fused:
+        out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
+        _gemv(A, B, N, K, absmax, _table(quant_type, A.device), blocksize, out, bias)
+        return out
     W = torch.empty((N, K), dtype=A.dtype, device=A.device)  # the reference's weight, rounded to A's dtype
     _dequantize_4bit_into(B, absmax, blocksize, quant_type, W.view(-1))
     if bias is None:

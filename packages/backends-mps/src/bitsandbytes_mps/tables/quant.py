@@ -139,6 +139,8 @@ for _sfx, _t in ELEMENT_TYPES.items():
             ("K", "constant long&"),
             ("blocksize", "constant long&"),
             ("words", "constant long&"),
+            ("bias", "device const float*"),
+            ("has_bias", "constant long&"),
         ),
     )
 

@@ -1,8 +1,10 @@
 """``matmul_4bit``: ``A @ W.T (+ bias)`` for a 4-bit quantized weight ``W``, with an input gradient.
 
 The weight is frozen: no gradient flows to the packed codes. Without autograd the product is one op
-(``gemv_4bit`` for a single row of A, ``gemm_4bit`` otherwise); with autograd, ``MatMul4Bit`` runs
-the same forward and, in backward, multiplies by the dequantized weight.
+(``gemv_4bit`` for a single row of A and a plain state, ``gemm_4bit`` otherwise: its schema takes the
+double-quantized scales, which the backends decode where they load them, while ``gemv_4bit``'s would
+need them expanded by a launch of their own first); with autograd, ``MatMul4Bit`` runs the same
+forward and, in backward, multiplies by the dequantized weight.
 """
 
 from __future__ import annotations
@@ -12,15 +14,30 @@ import warnings
 import torch
 
 from .. import _checks as c
+from .. import _formats
 from .. import functional as F
-from .._functional.quant import _check_quant_state
+from .._functional.quant import _check_quant_state, _nested_absmax
 
 _ops = torch.ops.bitsandbytes
 
 
+def _gemm_takes_nested(qs: F.QuantState) -> bool:
+    """Whether gemm_4bit's nested arguments describe ``qs``'s scales: they fix the block size of the
+    8-bit codes (256, what quantize_4bit writes) and decode to float32. A state read from a checkpoint
+    may say otherwise (any ``nested_blocksize`` / ``nested_dtype``), as dequantize_4bit honours."""
+    s2 = qs.state2
+    return (
+        s2.blocksize == _formats.DOUBLE_QUANT_BLOCKSIZE
+        and s2.dtype == torch.float32
+        and isinstance(qs.offset, torch.Tensor)
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in (s2.absmax, s2.code))
+    )
+
+
 def _gemm(A: torch.Tensor, B: torch.Tensor, qs: F.QuantState, bias: torch.Tensor | None) -> torch.Tensor:
-    if not qs.nested:
-        return _ops.gemm_4bit.default(A, B, qs.shape, qs.absmax, qs.blocksize, qs.quant_type, bias=bias)
+    if not qs.nested or not _gemm_takes_nested(qs):
+        absmax = _nested_absmax(qs) if qs.nested else qs.absmax
+        return _ops.gemm_4bit.default(A, B, qs.shape, absmax, qs.blocksize, qs.quant_type, bias=bias)
     return _ops.gemm_4bit.default(
         A,
         B,
@@ -128,6 +145,16 @@ def linear_4bit(A: torch.Tensor, B: torch.Tensor, quant_state: F.QuantState, bia
     return _product(A, B, qs, bias, None)
 
 
+def _one_row(A: torch.Tensor, B: torch.Tensor, qs: F.QuantState) -> torch.Tensor:
+    # Nested scales go to gemm_4bit, which decodes them in the matmul (no separate expansion); plain
+    # ones stay on gemv_4bit, the op upstream calls here (torch.compile traces and clients see it). The
+    # same bits either way: the reference expands nested scales exactly as F.gemv_4bit does. gemm_4bit
+    # needs the format's name, which gemv_4bit (reading qs.code) does not: a hand-built state may lack it.
+    if qs.nested and qs.quant_type in _formats.QUANT_TYPES:
+        return _gemm(A, B, qs, None)
+    return F.gemv_4bit(A, B, state=qs)
+
+
 def _product(A, B, qs: F.QuantState, bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
     needs_grad = torch.is_grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad))
     if needs_grad:
@@ -137,7 +164,7 @@ def _product(A, B, qs: F.QuantState, bias: torch.Tensor | None, out: torch.Tenso
     if A.numel() == 0:
         result = _empty_result(A, qs, bias)
     elif A.numel() == A.shape[-1]:  # one row: the inference (token-by-token decoding) fast path
-        result = F.gemv_4bit(A, B, state=qs)
+        result = _one_row(A, B, qs)
         if bias is not None:
             result = result.add_(bias)  # computed in the wider of the two dtypes, rounded once to A's
     else:
