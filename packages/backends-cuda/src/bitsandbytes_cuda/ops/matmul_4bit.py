@@ -1,13 +1,18 @@
 """gemv_4bit / gemm_4bit for device cuda, on the standard packed 4-bit layout (no repacking).
 
-Up to ``fused_max_rows(device)`` rows of A (decoding, short prefill): one fused kernel, specialized on
-the tile of rows (1, 2, 4 or 8 rows of A per block; more rows are more tiles, whose blocks are adjacent
-in the grid so that the weight comes from DRAM once and from L2 for the other tiles). It is a SIMT
-kernel (fp32 FMAs on CUDA cores, no tensor cores): each weight byte is read once per tile of rows and
-decoded once per tile. More rows: the weight is dequantized to A's dtype by a kernel (exactly the
-reference's rounded weight) and multiplied by torch's GEMM (cuBLAS, tensor cores). Double-quantized
-block scales (gemm_4bit's absmax_8bit / absmax_code / absmax_offset) are decoded by both kernels where
-they load a scale: no pass over the scales, no extra launch.
+Three routes by the rows of A (``matmul_route``):
+- ``gemv``: up to 8 rows (decoding), and up to ``fused_max_rows(device)`` where the tensor-core kernel
+  does not apply (fp32 A, no tensor cores for the dtype, K % 32 != 0, unaligned A or B): the fused SIMT
+  kernel, specialized on the tile of rows (1, 2, 4 or 8 rows of A per block; more rows are more tiles,
+  whose blocks are adjacent in the grid so that the weight comes from DRAM once and from L2 for the
+  other tiles), fp32 FMAs on CUDA cores.
+- ``tc``: 9 to ``tc_max_rows(device)`` rows of fp16/bf16 A on a device with tensor cores for that dtype:
+  the fused tensor-core kernel (WMMA), every row in one block so each weight byte is read once,
+  optionally splitting K over the grid (fp32 partial sums, added in a fixed order by a second kernel).
+- ``dense``: more rows: the weight is dequantized to A's dtype by a kernel (exactly the reference's
+  rounded weight) and multiplied by torch's GEMM (cuBLAS, tensor cores).
+Double-quantized block scales (gemm_4bit's absmax_8bit / absmax_code / absmax_offset) are decoded by
+every kernel where it loads a scale: no pass over the scales, no extra launch.
 """
 
 from __future__ import annotations
@@ -20,10 +25,20 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
 
 from ..launch import launch
-from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_PATHS, GEMV_WARP_FEATURES, GEMV_WARPS
+from ..tables.matmul_4bit import (
+    DEQUANT_PER_THREAD,
+    GEMV_PATHS,
+    GEMV_WARP_FEATURES,
+    GEMV_WARPS,
+    TC_CHUNK,
+    TC_FEATURES,
+    TC_REDUCE_THREADS,
+    TC_ROWS,
+    TC_WARPS,
+)
 from ._common import suffix
 
-__all__ = ["OPS", "fused_max_rows", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
+__all__ = ["OPS", "fused_max_rows", "gemm_4bit", "gemv_4bit", "gemv_4bit_out", "matmul_route", "tc_max_rows"]
 
 # Rows of A up to which the fused kernel runs, per compute capability; above, dequantize + cuBLAS.
 # UNMEASURED (no GPU here): chosen by reasoning. The fused kernel's time is about
@@ -45,21 +60,95 @@ FUSED_MAX_ROWS = {
     (12, 1): 64,  # DGX Spark
 }
 FUSED_MAX_ROWS_DEFAULT = 16  # an unknown capability, or a device that is not cuda (the emulator)
+
+# Rows of fp16/bf16 A from which, and up to which, the tensor-core kernel runs, per compute capability
+# (where the dtype has tensor cores, TC_DTYPE_CAPABILITY); above, dequantize + cuBLAS. UNMEASURED (no GPU
+# here; bench/bench_cuda.py times the three routes at 16/32/64 rows to measure it). Reasoning, by bytes
+# moved per weight: the fused kernel reads 0.5 byte (+ its scale, 4 / blocksize) once, whatever the rows;
+# the dense path reads 0.5, writes 2 and reads 2 back (4.5 bytes), then runs the same 2 * rows flops per
+# weight on the same tensor cores. So the fused kernel wins while its flops are not the bottleneck:
+# at 64 rows a weight costs 128 flops, against 0.5 byte of bandwidth: ~256 flops/byte, above the
+# ridge of every listed part even at a third of the tensor-core peak (A100 312 TFLOP/s over 2 TB/s: 156;
+# H100 990 / 3.35: 295 at full peak, ~100 at a third; T4 65 / 0.32: 200) -- hence fused up to the
+# kernel's largest tile (64) everywhere; at 8 rows or fewer the SIMT kernel reads the weight once too,
+# with no shared-memory staging, so the tensor-core kernel starts at 9.
+TC_MIN_ROWS = 9
+TC_MAX_ROWS: dict[tuple[int, int], int] = {}  # per capability, where a measurement says less than 64
+TC_MAX_ROWS_DEFAULT = 64
+# WMMA exists for fp16 from sm_70 and for bf16 from sm_80 (the library's images start at sm_75).
+TC_DTYPE_CAPABILITY = {torch.float16: (7, 0), torch.bfloat16: (8, 0)}
+# Capability assumed for a device that is not cuda: the emulator, whose <mma.h> runs every WMMA kernel.
+EMULATED_CAPABILITY = None
+# Blocks per SM the split of K aims for (the kernel's kTcMinBlocks): a block keeps one chunk of loads in
+# flight, so the bytes in flight per SM, hence the bandwidth, grow with the resident blocks. UNMEASURED.
+TC_BLOCKS_PER_SM = 4
+EMULATED_SMS = 1
 DEQUANT_THREADS = 256
 # The fused kernel walks a row of W with 32-bit offsets (k + 32 lanes * 32 weights must not overflow).
 MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
-_FUSED_ROWS: dict[torch.device, int] = {}
+# Per device: (SIMT rows, tensor-core rows, dtypes with tensor cores, SMs), looked up once.
+_DEVICES: dict[torch.device, tuple[int, int, frozenset, int]] = {}
 _TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else EMULATED_CAPABILITY
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else EMULATED_SMS
+
+
+def _device(device: torch.device) -> tuple[int, int, frozenset, int]:
+    d = _DEVICES.get(device)
+    if d is None:
+        cap = _capability(device)
+        if cap is None and device.type == "cuda":
+            raise RuntimeError(f"no compute capability for {device}")
+        tc = frozenset(dt for dt, need in TC_DTYPE_CAPABILITY.items() if cap is None or cap >= need)
+        d = _DEVICES[device] = (
+            FUSED_MAX_ROWS.get(cap, FUSED_MAX_ROWS_DEFAULT),
+            TC_MAX_ROWS.get(cap, TC_MAX_ROWS_DEFAULT),
+            tc,
+            _sms(device),
+        )
+    return d
+
+
 def fused_max_rows(device: torch.device) -> int:
-    """Rows of A up to which ``device`` runs the fused kernel (``FUSED_MAX_ROWS``)."""
-    rows = _FUSED_ROWS.get(device)
-    if rows is None:
-        cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        rows = _FUSED_ROWS[device] = FUSED_MAX_ROWS.get(cap, FUSED_MAX_ROWS_DEFAULT)
-    return rows
+    """Rows of A up to which ``device`` runs the SIMT kernel where the tensor-core one does not apply."""
+    return _device(device)[0]
+
+
+def tc_max_rows(device: torch.device, dtype: torch.dtype) -> int:
+    """Rows of ``dtype`` A up to which ``device`` runs the tensor-core kernel; 0 without tensor cores for it."""
+    _, rows, dtypes, _ = _device(device)
+    return rows if dtype in dtypes else 0
+
+
+def matmul_route(A: torch.Tensor, Bb: torch.Tensor, M: int, K: int) -> str:
+    """``gemv`` (the SIMT kernel), ``tc`` (the tensor-core kernel) or ``dense`` (dequantize + torch.mm)."""
+    if (
+        TC_MIN_ROWS <= M <= tc_max_rows(A.device, A.dtype)
+        and K % 32 == 0
+        and A.data_ptr() % 16 == 0
+        and Bb.data_ptr() % 16 == 0
+    ):
+        return "tc"
+    return "gemv" if M <= fused_max_rows(A.device) else "dense"
+
+
+def tc_splits(groups: int, chunks: int, M: int, K: int, sms: int) -> tuple[int, int]:
+    """(splits of K over the grid, chunks of K per split) for ``groups`` blocks of features.
+
+    Enough blocks for TC_BLOCKS_PER_SM per SM, no more splits than chunks, and fp32 partial sums
+    (4 * M * N bytes per split, written and read back) at most half the packed weight's N * K / 2 bytes.
+    """
+    want = -(-TC_BLOCKS_PER_SM * sms // groups)
+    splits = max(1, min(want, chunks, K // (16 * M)))
+    per = -(-chunks // splits)
+    return -(-chunks // per), per
 
 
 def _table(quant_type: str, device: torch.device) -> torch.Tensor:
@@ -115,6 +204,19 @@ def _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out) -> None:
     )
 
 
+def _tc_into(A, Bb, M, N, K, scales, code, blocksize, bias, out) -> None:
+    rows = next(r for r in TC_ROWS if M <= r)
+    groups, chunks = -(-N // TC_FEATURES), -(-K // TC_CHUNK)
+    splits, per = tc_splits(groups, chunks, M, K, _device(A.device)[3])
+    dt = suffix(A.dtype)
+    partial = torch.empty((splits, M, N), dtype=torch.float32, device=A.device) if splits > 1 else None
+    args = (A, Bb, *scales, code, bias, out, partial, M, N, K, blocksize, per)
+    launch(f"gemm_4bit_tc_{dt}_m{rows}", (groups, splits), TC_WARPS * 32, 0, *args)
+    if partial is not None:
+        grid = -(-M * N // TC_REDUCE_THREADS)
+        launch(f"gemm_4bit_tc_reduce_{dt}", grid, TC_REDUCE_THREADS, 0, partial, bias, out, M, N, splits)
+
+
 def _scales(absmax, absmax_8bit=None, absmax_code=None, absmax_offset=None) -> tuple:
     """The kernels' four scale arguments: plain fp32 absmax and three nulls, or the nested state."""
     if absmax_8bit is None:
@@ -145,7 +247,10 @@ def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     A = A.contiguous()
     Bb = _bytes(B)
     bias = bias.contiguous() if bias is not None else None
-    if M <= fused_max_rows(A.device):
+    route = matmul_route(A, Bb, M, K)
+    if route == "tc":
+        _tc_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
+    elif route == "gemv":
         if K > MAX_FUSED_K:
             raise ValueError(f"A's last dimension K={K} exceeds {MAX_FUSED_K}, the most the fused kernel indexes")
         _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
