@@ -80,7 +80,7 @@ MAX_FUSED = ops.FUSED_MAX_ROWS_DEFAULT  # the emulator's tensors are on the CPU:
 
 def tc_kernel(dtype, M, K):
     """The tensor-core kernel the op launches for these rows in emulation (tensor cores for fp16/bf16), else None."""
-    if dtype == torch.float32 or not ops.TC_MIN_ROWS <= M <= ops.TC_MAX_ROWS_DEFAULT or K % 32:
+    if dtype == torch.float32 or not ops.TC_MIN_ROWS <= M <= max(ops.TC_MAX_ROWS_EMULATED) or K % 32:
         return None
     return f"gemm_4bit_tc_{suffix(dtype)}_m{next(r for r in table.TC_ROWS if M <= r)}"
 

@@ -131,11 +131,14 @@ def test_tc_splits_fill_the_device_within_the_workspace_bound():
         assert 1 <= splits <= chunks and (splits - 1) * per < chunks <= splits * per
 
 
-# Which kernel a device runs for 12 and 40 rows of each dtype, by compute capability.
+# Which kernel a device runs for 12 and 40 rows of each dtype, by compute capability, for a weight of one
+# block of features on one SM (the emulator's EMULATED_SMS): one wave, TC_MAX_ROWS's third column; past
+# it, the SIMT kernel up to FUSED_MAX_ROWS, then dense.
 ROUTES = {
     (7, 5): {torch.float16: ("tc", "tc"), torch.bfloat16: ("gemv", "dense"), torch.float32: ("gemv", "dense")},
-    (8, 0): {torch.float16: ("tc", "tc"), torch.bfloat16: ("tc", "tc"), torch.float32: ("gemv", "dense")},
-    (9, 0): {torch.float16: ("tc", "tc"), torch.bfloat16: ("tc", "tc"), torch.float32: ("gemv", "dense")},
+    (8, 0): {torch.float16: ("tc", "dense"), torch.bfloat16: ("tc", "dense"), torch.float32: ("gemv", "dense")},
+    (9, 0): {torch.float16: ("tc", "dense"), torch.bfloat16: ("tc", "dense"), torch.float32: ("gemv", "dense")},
+    (10, 0): {torch.float16: ("gemv", "dense"), torch.bfloat16: ("gemv", "dense"), torch.float32: ("gemv", "dense")},
     (12, 0): {torch.float16: ("tc", "tc"), torch.bfloat16: ("tc", "tc"), torch.float32: ("gemv", "gemv")},
     (6, 1): {torch.float16: ("gemv", "dense"), torch.bfloat16: ("gemv", "dense"), torch.float32: ("gemv", "dense")},
 }
@@ -151,7 +154,7 @@ def test_the_route_follows_the_devices_tensor_cores(launches, monkeypatch, cap, 
         launches.clear()
         A = rand((M, K), dtype, seed=M)
         out = ops.gemm_4bit(A, packed, [N, K], absmax, 64, "nf4")
-        assert ops.matmul_route(A, packed, M, K) == want
+        assert ops.matmul_route(A, packed, M, N, K) == want
         kernel = {
             "tc": tc_name(dtype, M) if dtype != torch.float32 else None,
             "gemv": f"gemv_4bit_{suffix(dtype)}_v16_m8",
@@ -201,3 +204,28 @@ def test_geometry_constants_match_the_kernel_source():
     ]:
         assert f"constexpr int {const} = {value};" in src
     assert "constexpr int kTcFeatures = 16 * kTcWarps;" in src and table.TC_FEATURES == 16 * table.TC_WARPS
+
+
+def test_tensor_core_rows_follow_the_blocks_per_sm(monkeypatch):
+    monkeypatch.setattr(ops, "EMULATED_CAPABILITY", (9, 0))
+    cpu = torch.device("cpu")
+    for sms, N, rows in [
+        (132, 4096, 0),  # 64 blocks on 132 SMs: < 1/2 wave
+        (132, 8192, 16),  # 128 blocks: >= 1/2
+        (132, 14336, 32),  # 224: >= 1
+        (132, 19200, 48),  # 300: >= 2, not 3
+        (132, 25344, 64),  # 396: 3 waves
+        (132, 25280, 48),  # 395: just under
+    ]:
+        ops._DEVICES.clear()
+        monkeypatch.setattr(ops, "EMULATED_SMS", sms)
+        assert ops.tc_max_rows(cpu, torch.bfloat16, N) == rows, (sms, N)
+    ops._DEVICES.clear()
+    monkeypatch.setattr(ops, "EMULATED_CAPABILITY", (7, 5))
+    assert ops.tc_max_rows(cpu, torch.bfloat16, 1 << 20) == 0  # no bf16 WMMA on sm_75
+    assert ops.tc_max_rows(cpu, torch.float32, 1 << 20) == 0  # fp32 never
+    assert ops.tc_max_rows(cpu, torch.float16, 64) == 32  # one block on 132 SMs: sm_75's last column
+    monkeypatch.setattr(ops, "EMULATED_CAPABILITY", None)
+    ops._DEVICES.clear()
+    assert ops.tc_max_rows(cpu, torch.float16, 64) == 64  # the emulator: everything the kernel serves
+    assert all(len(v) == len(ops.TC_WAVES) and max(v) <= 64 for v in ops.TC_MAX_ROWS.values())

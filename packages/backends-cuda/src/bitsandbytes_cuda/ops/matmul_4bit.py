@@ -6,7 +6,7 @@ Three routes by the rows of A (``matmul_route``):
   kernel, specialized on the tile of rows (1, 2, 4 or 8 rows of A per block; more rows are more tiles,
   whose blocks are adjacent in the grid so that the weight comes from DRAM once and from L2 for the
   other tiles), fp32 FMAs on CUDA cores.
-- ``tc``: 9 to ``tc_max_rows(device)`` rows of fp16/bf16 A on a device with tensor cores for that dtype:
+- ``tc``: 9 to ``tc_max_rows(device, dtype, N)`` rows of fp16/bf16 A on a device with tensor cores for that dtype:
   the fused tensor-core kernel (WMMA), every row in one block so each weight byte is read once,
   optionally splitting K over the grid (fp32 partial sums, added in a fixed order by a second kernel).
 - ``dense``: more rows: the weight is dequantized to A's dtype by a kernel (exactly the reference's
@@ -61,20 +61,36 @@ FUSED_MAX_ROWS = {
 }
 FUSED_MAX_ROWS_DEFAULT = 16  # an unknown capability, or a device that is not cuda (the emulator)
 
-# Rows of fp16/bf16 A from which, and up to which, the tensor-core kernel runs, per compute capability
-# (where the dtype has tensor cores, TC_DTYPE_CAPABILITY); above, dequantize + cuBLAS. UNMEASURED (no GPU
-# here; bench/bench_cuda.py times the three routes at 16/32/64 rows to measure it). Reasoning, by bytes
-# moved per weight: the fused kernel reads 0.5 byte (+ its scale, 4 / blocksize) once, whatever the rows;
-# the dense path reads 0.5, writes 2 and reads 2 back (4.5 bytes), then runs the same 2 * rows flops per
-# weight on the same tensor cores. So the fused kernel wins while its flops are not the bottleneck:
-# at 64 rows a weight costs 128 flops, against 0.5 byte of bandwidth: ~256 flops/byte, above the
-# ridge of every listed part even at a third of the tensor-core peak (A100 312 TFLOP/s over 2 TB/s: 156;
-# H100 990 / 3.35: 295 at full peak, ~100 at a third; T4 65 / 0.32: 200) -- hence fused up to the
-# kernel's largest tile (64) everywhere; at 8 rows or fewer the SIMT kernel reads the weight once too,
-# with no shared-memory staging, so the tensor-core kernel starts at 9.
+# Rows of fp16/bf16 A up to which the tensor-core kernel runs (from TC_MIN_ROWS; where the dtype has
+# tensor cores, TC_DTYPE_CAPABILITY), per compute capability and by how many blocks of TC_FEATURES output
+# features the weight gives per SM ("waves": >= 3, >= 2, >= 1, >= 1/2, less); above, SIMT up to
+# fused_max_rows, then dequantize + cuBLAS. 0: that cell never takes the tensor-core kernel.
+# UNMEASURED for this kernel (no GPU here; bench/bench_cuda.py times the three routes at 16/32/64 rows).
+# Bytes moved say the fused kernel should win everywhere: it reads 0.5 byte per weight (+ its scale,
+# 4 / blocksize) once whatever the rows; the dense path reads 0.5, writes 2 and rereads 2 (4.5 bytes),
+# then runs the same 2 * rows flops per weight on the same tensor cores; at 64 rows that is ~256 flops
+# per byte of weight, above every listed part's ridge point even at a third of tensor-core peak. But
+# upstream measured its own fused mma.sync kernel (blocks of 64 features, as here) against dequantize +
+# cuBLAS on each arch (bitsandbytes/backends/cuda/ops.py, _gemm_4bit_use_custom): cuBLAS's WGMMA path on
+# sm_90 and sm_100 beats a warp-level MMA kernel unless the grid fills the GPU several times, and a
+# weight that gives few blocks per SM loses on every arch (cuBLAS tiles K; our split of K, tc_splits, is
+# meant to answer that, unmeasured). So the cells follow upstream's measured crossovers, capped at this
+# kernel's largest tile (64); the bench replaces them with this kernel's own. At 8 rows or fewer the
+# SIMT kernel reads the weight once too, with no shared-memory staging: the tensor-core kernel starts at 9.
 TC_MIN_ROWS = 9
-TC_MAX_ROWS: dict[tuple[int, int], int] = {}  # per capability, where a measurement says less than 64
-TC_MAX_ROWS_DEFAULT = 64
+TC_WAVES = (3.0, 2.0, 1.0, 0.5, 0.0)
+TC_MAX_ROWS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {
+    (7, 5): (64, 64, 64, 64, 32),  # T4 (fp16 only): GDDR6, dequantizing is dear
+    (8, 0): (64, 64, 32, 16, 16),  # A100, A30
+    (8, 6): (64, 64, 64, 64, 16),  # RTX 30xx, A10, A40
+    (8, 9): (64, 64, 64, 32, 16),  # RTX 40xx, L4, L40
+    (9, 0): (64, 48, 32, 16, 0),  # H100, H200: cuBLAS's WGMMA path is fast
+    (10, 0): (32, 0, 0, 0, 0),  # B200
+    (10, 3): (32, 0, 0, 0, 0),  # B300
+    (12, 0): (64, 64, 64, 32, 8),  # RTX 50xx
+}
+TC_MAX_ROWS_DEFAULT = (64, 48, 32, 16, 0)  # an unknown capability: as cautious as sm_90
+TC_MAX_ROWS_EMULATED = (64, 64, 64, 64, 64)  # the emulator: every row count the kernel serves
 # WMMA exists for fp16 from sm_70 and for bf16 from sm_80 (the library's images start at sm_75).
 TC_DTYPE_CAPABILITY = {torch.float16: (7, 0), torch.bfloat16: (8, 0)}
 # Capability assumed for a device that is not cuda: the emulator, whose <mma.h> runs every WMMA kernel.
@@ -87,8 +103,8 @@ DEQUANT_THREADS = 256
 # The fused kernel walks a row of W with 32-bit offsets (k + 32 lanes * 32 weights must not overflow).
 MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
-# Per device: (SIMT rows, tensor-core rows, dtypes with tensor cores, SMs), looked up once.
-_DEVICES: dict[torch.device, tuple[int, int, frozenset, int]] = {}
+# Per device: (SIMT rows, tensor-core rows by waves, dtypes with tensor cores, SMs), looked up once.
+_DEVICES: dict[torch.device, tuple[int, tuple, frozenset, int]] = {}
 _TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
@@ -100,7 +116,7 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else EMULATED_SMS
 
 
-def _device(device: torch.device) -> tuple[int, int, frozenset, int]:
+def _device(device: torch.device) -> tuple[int, tuple, frozenset, int]:
     d = _DEVICES.get(device)
     if d is None:
         cap = _capability(device)
@@ -109,7 +125,7 @@ def _device(device: torch.device) -> tuple[int, int, frozenset, int]:
         tc = frozenset(dt for dt, need in TC_DTYPE_CAPABILITY.items() if cap is None or cap >= need)
         d = _DEVICES[device] = (
             FUSED_MAX_ROWS.get(cap, FUSED_MAX_ROWS_DEFAULT),
-            TC_MAX_ROWS.get(cap, TC_MAX_ROWS_DEFAULT),
+            TC_MAX_ROWS_EMULATED if cap is None else TC_MAX_ROWS.get(cap, TC_MAX_ROWS_DEFAULT),
             tc,
             _sms(device),
         )
@@ -121,16 +137,19 @@ def fused_max_rows(device: torch.device) -> int:
     return _device(device)[0]
 
 
-def tc_max_rows(device: torch.device, dtype: torch.dtype) -> int:
-    """Rows of ``dtype`` A up to which ``device`` runs the tensor-core kernel; 0 without tensor cores for it."""
-    _, rows, dtypes, _ = _device(device)
-    return rows if dtype in dtypes else 0
+def tc_max_rows(device: torch.device, dtype: torch.dtype, N: int) -> int:
+    """Rows of ``dtype`` A up to which ``device`` runs the tensor-core kernel for N output features (0: never)."""
+    _, by_waves, dtypes, sms = _device(device)
+    if dtype not in dtypes:
+        return 0
+    waves = -(-N // TC_FEATURES) / sms
+    return next(rows for rows, w in zip(by_waves, TC_WAVES, strict=True) if waves >= w)
 
 
-def matmul_route(A: torch.Tensor, Bb: torch.Tensor, M: int, K: int) -> str:
+def matmul_route(A: torch.Tensor, Bb: torch.Tensor, M: int, N: int, K: int) -> str:
     """``gemv`` (the SIMT kernel), ``tc`` (the tensor-core kernel) or ``dense`` (dequantize + torch.mm)."""
     if (
-        TC_MIN_ROWS <= M <= tc_max_rows(A.device, A.dtype)
+        TC_MIN_ROWS <= M <= tc_max_rows(A.device, A.dtype, N)
         and K % 32 == 0
         and A.data_ptr() % 16 == 0
         and Bb.data_ptr() % 16 == 0
@@ -247,7 +266,7 @@ def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     A = A.contiguous()
     Bb = _bytes(B)
     bias = bias.contiguous() if bias is not None else None
-    route = matmul_route(A, Bb, M, K)
+    route = matmul_route(A, Bb, M, N, K)
     if route == "tc":
         _tc_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
     elif route == "gemv":
