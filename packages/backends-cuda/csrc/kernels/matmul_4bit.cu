@@ -255,6 +255,12 @@ struct TcShared {
   };
 };
 
+// <mma.h> declares nothing for device code below sm_70 (a CUDA 12 source build for sm_6x, which the
+// unsupported-device message suggests), so the body is compiled only where WMMA exists.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+#define BNB_MATMUL_4BIT_WMMA 1
+#endif
+
 template <typename T, int MT>
 __device__ __forceinline__ void gemm_4bit_tc_body(const T* __restrict__ A, const unsigned char* __restrict__ B,
                                                   const float* __restrict__ absmax,
@@ -264,6 +270,9 @@ __device__ __forceinline__ void gemm_4bit_tc_body(const T* __restrict__ A, const
                                                   const float* __restrict__ code, const T* __restrict__ bias,
                                                   T* __restrict__ out, float* __restrict__ partial, long long M,
                                                   long long N, long long K, int blocksize, int chunks_per_split) {
+#ifndef BNB_MATMUL_4BIT_WMMA
+  __trap();
+#else
   using namespace bnb_matmul_4bit;
   using namespace nvcuda;
   constexpr int kRows = 16 * MT;
@@ -363,6 +372,7 @@ __device__ __forceinline__ void gemm_4bit_tc_body(const T* __restrict__ A, const
       }
     }
   }
+#endif
 }
 
 template <typename T, int MT>
