@@ -186,6 +186,12 @@ def _forced(route: str, fn):
     return run
 
 
+def _tensor_cores(dtype) -> bool:
+    from bitsandbytes_cuda.ops import matmul_4bit as cuda_mm
+
+    return torch.cuda.get_device_capability() >= cuda_mm.TC_DTYPE_CAPABILITY[dtype]
+
+
 def prefill_cases(shape, rows):
     """(name, callable) of the 4-bit product for ``rows`` rows of A: the op's own route, each forced route
     (when our CUDA backend is the one imported), and dense torch."""
@@ -209,7 +215,9 @@ def prefill_cases(shape, rows):
             return bnb.matmul_4bit(x, q.t(), quant_state=s)
 
         out.append((f"nf4 {tag}", fn))
-        out += [(f"nf4 {tag} [{r}]", _forced(r, fn)) for r in routes]
+        # A forced tc on a device without WMMA for the dtype would run the kernel's trap (bf16 before sm_80).
+        usable = [r for r in routes if r != "tc" or _tensor_cores(dtype)]
+        out += [(f"nf4 {tag} [{r}]", _forced(r, fn)) for r in usable]
         out.append((f"dense {tag}", lambda x=x, W=W: torch.nn.functional.linear(x, W)))
     return out
 
