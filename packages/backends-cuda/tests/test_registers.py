@@ -108,3 +108,28 @@ def test_tensor_core_kernel_fits_its_launch_bounds_without_spills(tmp_path):
     over = [u for u in usage if u[2] > TC_MAX_REGISTERS or u[3] > 0]
     assert not over, f"(kernel, arch, registers, spill bytes) over {TC_MAX_REGISTERS} registers or spilling: {over}"
     print("\n".join(f"{name} {arch}: {regs} registers" for name, arch, regs, _ in usage))
+
+
+def test_tensor_core_kernel_uses_wmma_where_the_arch_has_it(tmp_path):
+    """PTX for sm_75: the fp16 instances multiply with wmma.mma.sync, the bf16 ones (no bf16 WMMA before
+    sm_80) are a trap and nothing else; for sm_80 both use WMMA."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs the CUDA compiler nvcc")
+    kernels = [k for k in table.KERNELS if k.name.startswith("gemm_4bit_tc_") and "reduce" not in k.name]
+    refs = ",\n".join(f"    reinterpret_cast<const void*>(&{k.expr})" for k in kernels)
+    unit = tmp_path / "tc.cu"
+    unit.write_text(f'#include "kernels/{table.SOURCE}"\n\nconst void* const kernels[] = {{\n{refs}\n}};\n')
+    for arch, bf16_wmma in (("75", False), ("80", True)):
+        ptx = tmp_path / f"tc{arch}.ptx"
+        cmd = [nvcc, f"-arch=compute_{arch}", "-ptx", "-std=c++17", "-O3", "-I", str(launch.kernel_dir())]
+        res = subprocess.run([*cmd, "-I", bitsandbytes.get_include(), str(unit), "-o", str(ptx)], capture_output=True)
+        assert res.returncode == 0, res.stderr.decode()
+        entries = re.split(r"\.entry ", ptx.read_text())[1:]
+        tc = {e.split("(")[0]: e for e in entries if e.startswith("_Z12gemm_4bit_tc")}
+        assert len(tc) == len(kernels)
+        for name, body in tc.items():
+            if "bfloat16" in name and not bf16_wmma:
+                assert "trap;" in body and "wmma" not in body, name
+            else:
+                assert "wmma.mma.sync" in body and "wmma.load" in body, (arch, name)
