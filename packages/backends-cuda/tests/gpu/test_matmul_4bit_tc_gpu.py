@@ -32,6 +32,13 @@ def _weight(N, K):
     return REFERENCE["quantize_4bit"](torch.randn(N, K, generator=g), 64, "nf4", torch.uint8)
 
 
+@lru_cache(maxsize=4)
+def _rounded(N, K, dtype):
+    """The weight rounded to A's dtype, as both the kernel and the reference multiply by it."""
+    packed, absmax = _weight(N, K)
+    return REFERENCE["dequantize_4bit"](packed, absmax, 64, "nf4", [N, K], dtype).double()
+
+
 # Small enough for the device check's time box (the reference runs on the CPU): a partial block of
 # features and 17 chunks; the 4096 x 4096 projection at 16 and 64 rows, split over the device's SMs.
 SHAPES = [(9, 300, 1088), (32, 300, 1088), (16, 4096, 4096), (64, 4096, 4096)]
@@ -44,7 +51,7 @@ def test_tensor_core_route_on_gpu(monkeypatch, dtype, M, N, K):
         pytest.skip(f"no {dtype} tensor cores (WMMA) on sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
     g = torch.Generator().manual_seed(M)
     packed, absmax = _weight(N, K)
-    Wt = REFERENCE["dequantize_4bit"](packed, absmax, 64, "nf4", [N, K], dtype).double()
+    Wt = _rounded(N, K, dtype)
     A = torch.randn(M, K, generator=g).to(dtype)
     bias = torch.randn(N, generator=g).to(dtype)
     # Forced: the kernel on hardware whatever TC_MAX_ROWS says for this device and shape (the route itself
