@@ -11,6 +11,11 @@ after a warm-up on a side stream: the device time of the kernels alone). Eager m
 overhead per call. Times are medians of rounds. The 4-bit matmul table (batch 1, 8, 32 of the decoder
 shapes) uses the graph times for GB/s and % of peak; peak bandwidth comes from PEAK_GBPS by device name,
 or --peak-gbps.
+
+The prefill table times the three routes of gemm_4bit for 16, 32 and 64 rows of fp16/bf16 A (the route the
+op picks, then each forced: ``tc`` the fused tensor-core kernel, ``gemv`` the SIMT kernel in tiles of 8
+rows, ``dense`` dequantize + torch.mm), against dense torch and upstream's matmul_4bit: the crossover that
+ops/matmul_4bit.py's TC_MAX_ROWS / FUSED_MAX_ROWS tables reason about but no GPU has measured yet.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096)]
 # (out_features N, in_features K) of the 4-bit matmul table: attention projections, MLP up/gate and down.
 MATMUL_SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336)]
 MATMUL_BATCHES = (1, 8, 32)
+PREFILL_ROWS = (16, 32, 64)
+PREFILL_ROUTES = ("tc", "gemv", "dense")  # forced in our worker only
 BLOCKSIZE = 64
 # Peak DRAM bandwidth in GB/s (vendor specifications) by a substring of torch.cuda.get_device_name();
 # the first match wins, so the longer names of one family come first.
@@ -163,6 +170,97 @@ def matmul_worker(shapes, batches) -> dict:
         }
 
 
+def _forced(route: str, fn):
+    """``fn`` with our gemm_4bit's route forced (the patch only needs to hold while Python runs: a captured
+    graph replays the kernels it recorded)."""
+    from bitsandbytes_cuda.ops import matmul_4bit as cuda_mm
+
+    def run():
+        old = cuda_mm.matmul_route
+        cuda_mm.matmul_route = lambda *a: route
+        try:
+            return fn()
+        finally:
+            cuda_mm.matmul_route = old
+
+    return run
+
+
+def _tensor_cores(dtype) -> bool:
+    from bitsandbytes_cuda.ops import matmul_4bit as cuda_mm
+
+    return torch.cuda.get_device_capability() >= cuda_mm.TC_DTYPE_CAPABILITY[dtype]
+
+
+def prefill_cases(shape, rows):
+    """(name, callable) of the 4-bit product for ``rows`` rows of A: the op's own route, each forced route
+    (when our CUDA backend is the one imported), and dense torch."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+
+    try:
+        import bitsandbytes_cuda.ops.matmul_4bit  # noqa: F401  (ours: the routes can be forced)
+
+        routes = PREFILL_ROUTES
+    except ImportError:
+        routes = ()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for dtype, tag in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
+        W = torch.randn(shape, device="cuda", generator=g, dtype=dtype)
+        x = torch.randn(rows, shape[1], device="cuda", generator=g, dtype=dtype)
+        q4, s4 = F.quantize_4bit(W, blocksize=BLOCKSIZE, quant_type="nf4")
+
+        def fn(x=x, q=q4, s=s4):
+            return bnb.matmul_4bit(x, q.t(), quant_state=s)
+
+        out.append((f"nf4 {tag}", fn))
+        # A forced tc on a device without WMMA for the dtype would run the kernel's trap (bf16 before sm_80).
+        usable = [r for r in routes if r != "tc" or _tensor_cores(dtype)]
+        out += [(f"nf4 {tag} [{r}]", _forced(r, fn)) for r in usable]
+        out.append((f"dense {tag}", lambda x=x, W=W: torch.nn.functional.linear(x, W)))
+    return out
+
+
+def prefill_worker(shapes) -> dict:
+    with torch.no_grad():
+        return {
+            f"{s[0]}x{s[1]} m{m}": {name: _both(fn) for name, fn in prefill_cases(s, m)}
+            for s in shapes
+            for m in PREFILL_ROWS
+        }
+
+
+def format_prefill_table(ours: dict, upstream: dict) -> list[str]:
+    """Markdown lines: per shape, rows and dtype, the graph time of each route, dense torch and upstream,
+    and the fastest 4-bit route (the crossover to read off)."""
+
+    def us(t):
+        return f"{t * 1e6:.1f}" if t else "—"
+
+    lines = [
+        "| N×K | rows | dtype | picked µs | tc µs | gemv µs | dense µs | torch µs | upstream µs | fastest |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, cases in ours.items():
+        shape, rows = key.split(" m")
+        for tag in ("fp16", "bf16"):
+
+            def graph(name, src=cases):
+                t = src.get(name) or {}
+                return t.get("graph") or t.get("eager")
+
+            routes = {r: graph(f"nf4 {tag} [{r}]") for r in PREFILL_ROUTES}
+            timed = {r: t for r, t in routes.items() if t}
+            fastest = min(timed, key=timed.get) if timed else "—"
+            up = graph(f"nf4 {tag}", upstream.get(key, {}))
+            lines.append(
+                f"| {shape.replace('x', '×')} | {rows} | {tag} | {us(graph(f'nf4 {tag}'))} | {us(routes['tc'])} | "
+                f"{us(routes['gemv'])} | {us(routes['dense'])} | {us(graph(f'dense {tag}'))} | {us(up)} | {fastest} |"
+            )
+    return lines
+
+
 def format_matmul_table(rows: list[dict]) -> list[str]:
     """Markdown lines of the 4-bit matmul table; a row: shape, batch, op, bytes, eager_s, graph_s,
     upstream (its {"eager", "graph"} or None), pct (of peak, from graph time, or None)."""
@@ -261,7 +359,11 @@ def dense_cases(shape):
 def worker(shapes, matmul_shapes) -> dict:
     with torch.no_grad():
         ops = {f"{s[0]}x{s[1]}": {n: _both(fn, n not in NO_GRAPH) for n, _, fn in cases(s)} for s in shapes}
-        return {"ops": ops, "matmul": matmul_worker(matmul_shapes, MATMUL_BATCHES)}
+        return {
+            "ops": ops,
+            "matmul": matmul_worker(matmul_shapes, MATMUL_BATCHES),
+            "prefill": prefill_worker(matmul_shapes),
+        }
 
 
 def peak_bandwidth() -> tuple[float, str]:
@@ -290,7 +392,7 @@ def main() -> None:
         return
 
     ours = worker(shapes, matmul_shapes)
-    upstream = {"ops": {}, "matmul": {}}
+    upstream = {"ops": {}, "matmul": {}, "prefill": {}}
     if args.upstream_python:
         cmd = [args.upstream_python, __file__, "--worker"] + (["--quick"] if args.quick else [])
         upstream = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -311,6 +413,10 @@ def main() -> None:
         "## 4-bit matmul (nf4, blocksize 64; dq = double-quantized scales)",
         "",
         *format_matmul_table(matmul_rows(ours["matmul"], upstream["matmul"], matmul_shapes, MATMUL_BATCHES, peak)),
+        "",
+        "## 4-bit prefill: the routes of gemm_4bit at 16, 32, 64 rows (nf4, blocksize 64; graph µs)",
+        "",
+        *format_prefill_table(ours["prefill"], upstream.get("prefill", {})),
         "",
         "## Ops",
         "",
@@ -336,7 +442,8 @@ def main() -> None:
             )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cuda_bench.md").write_text("\n".join(lines) + "\n")
-    result = {"peak_gbps": peak, "rows": rows, "matmul": ours["matmul"], "upstream": upstream}
+    result = {"peak_gbps": peak, "rows": rows, "matmul": ours["matmul"], "prefill": ours["prefill"]}
+    result["upstream"] = upstream
     (args.out / "cuda_bench.json").write_text(json.dumps(result, indent=1))
     print("\n".join(lines))
 

@@ -78,3 +78,17 @@ def test_matmul_table_from_worker_json():
                      "50.0", "40.0", "15.0", "1.50x"]  # fmt: skip
     dense = [c.strip() for c in next(line for line in lines if "| dense bf16 |" in line).strip("|").split("|")]
     assert dense[4] == "—" and dense[7] == "—" and dense[8] == "—"
+
+
+def test_prefill_table_names_the_fastest_route():
+    times = {"tc": 20e-6, "gemv": 90e-6, "dense": 35e-6}
+    cases = {f"nf4 fp16 [{r}]": {"eager": 2 * t, "graph": t} for r, t in times.items()}
+    cases |= {"nf4 fp16": {"eager": 40e-6, "graph": 21e-6}, "dense fp16": {"eager": 30e-6, "graph": 25e-6}}
+    cases |= {"nf4 bf16 [dense]": {"eager": 50e-6, "graph": None}}  # capture failed: the eager time stands in
+    upstream = {"4096x4096 m16": {"nf4 fp16": {"eager": 60e-6, "graph": 30e-6}}}
+    lines = bench.format_prefill_table({"4096x4096 m16": cases}, upstream)
+    assert lines[0].startswith("| N×K | rows | dtype | picked µs | tc µs |") and len(lines) == 2 + 2
+    fp16 = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert fp16 == ["4096×4096", "16", "fp16", "21.0", "20.0", "90.0", "35.0", "25.0", "30.0", "tc"]
+    bf16 = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert bf16[3:6] == ["—", "—", "—"] and bf16[6] == "50.0" and bf16[-1] == "dense"

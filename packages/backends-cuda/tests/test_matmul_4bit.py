@@ -9,6 +9,7 @@ path (K % 32 == 0) with one and two steps per lane, the 4-byte path (K % 8 == 0)
 path (odd K, rows starting mid-byte, K % 8 != 0, a misaligned A or B), every tile of rows (1, 2, 4, 8,
 and several tiles of 8 with a partial last one), scale blocks spanning rows or ending mid-row, N not a
 multiple of the features per warp or block, and the dequantize + GEMM path above fused_max_rows.
+fp16/bf16 A of 9..64 rows with K % 32 == 0 takes the tensor-core kernel instead (test_matmul_4bit_tc.py).
 Double-quantized scales are decoded inside both kernels: bit for bit the scales the reference expands.
 """
 
@@ -76,6 +77,14 @@ def rand(shape, dtype, seed):
 
 MAX_FUSED = ops.FUSED_MAX_ROWS_DEFAULT  # the emulator's tensors are on the CPU: the default applies
 
+
+def tc_kernel(dtype, M, K):
+    """The tensor-core kernel the op launches for these rows in emulation (tensor cores for fp16/bf16), else None."""
+    if dtype == torch.float32 or not ops.TC_MIN_ROWS <= M <= max(ops.TC_MAX_ROWS_EMULATED) or K % 32:
+        return None
+    return f"gemm_4bit_tc_{suffix(dtype)}_m{next(r for r in table.TC_ROWS if M <= r)}"
+
+
 # (A's shape, N, blocksize, the kernel expected: gemv_4bit_<dtype>_<path> / gemm)
 GEMV_CASES = [
     ((1, 64), 7, 64, "v16_m1"),  # N % 8 != 0: a block with fewer warps, a warp with one feature
@@ -107,7 +116,7 @@ def test_gemv_4bit(launches, dtype, quant_type, a_shape, N, blocksize, path):
     args = (A, packed, [N, K], absmax, code_of(quant_type), blocksize)
     out = ops.gemv_4bit(*args)
     kernel = f"dequantize_4bit_weight_{suffix(dtype)}" if path == "gemm" else f"gemv_4bit_{suffix(dtype)}_{path}"
-    assert launches == [kernel]
+    assert launches == [tc_kernel(dtype, A.numel() // K, K) or kernel]
     assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
     assert_matmul_close(out, (A.double() @ W64.T).to(dtype), A, W64)
 
@@ -176,7 +185,8 @@ def test_gemm_4bit(launches, dtype, bias, nested, rows):
     args = (A, packed, [N, K], absmax, blocksize, "nf4")
     out = ops.gemm_4bit(*args, **kwargs)
     # One kernel whatever the scales: the nested ones are decoded inside it.
-    assert len(launches) == 1 and launches[0].startswith("gemv_4bit" if rows <= MAX_FUSED else "dequantize")
+    first = tc_kernel(dtype, rows, K) or ("gemv_4bit" if rows <= MAX_FUSED else "dequantize")
+    assert len(launches) == 1 and launches[0].startswith(first)
     assert_matmul_close(out, REFERENCE["gemm_4bit"](*args, **kwargs), A, W64)
     truth = A.double() @ W64.T + (kwargs["bias"].double() if bias else 0)
     assert_matmul_close(out, truth.to(dtype), A, W64)

@@ -1,10 +1,16 @@
-"""Register budget of the one-row (decoding) gemv kernels, from ptxas itself.
+"""Register budget of the one-row (decoding) gemv kernels and of the tensor-core kernel, from ptxas itself.
 
 Batch-1 decoding is latency bound: the bytes of weight in flight per SM decide the bandwidth, and they
 scale with the resident warps, which the registers per thread cap (65536 per SM: 64 registers leave
 32 warps, 124 left 16). Every gemv instantiation that serves one row of A (``_m1`` in the table) must
 fit in 64 registers with no spills on sm_80, sm_90 and sm_120. One translation unit, one nvcc run for
 the three archs; output to a temporary directory.
+
+The tensor-core kernel (``gemm_4bit_tc``, 9..64 rows) asks ptxas for 4 blocks of 128 threads per SM
+(``__launch_bounds__(128, 4)``: 65536 / 512 = 128 registers), so the bound is that cap with no spills:
+spilling accumulators or the prefetched chunk to local memory would add traffic to a kernel whose point
+is reading the weight once. It is also compiled for sm_75 (in the build list: fp16 WMMA runs there, the
+bf16 instances are traps, as bf16 WMMA needs sm_80).
 """
 
 from __future__ import annotations
@@ -77,3 +83,53 @@ def test_one_row_gemv_fits_64_registers_without_spills(tmp_path):
     assert len(usage) == len(kernels) * len(ARCHS), res.stderr
     over = [u for u in usage if u[2] > MAX_REGISTERS or u[3] > 0]
     assert not over, f"(kernel, arch, registers, spill bytes) over {MAX_REGISTERS} registers or spilling: {over}"
+
+
+TC_ARCHS = ("75", "80", "90", "120")
+TC_MAX_REGISTERS = 65536 // (128 * 4)
+
+
+def test_tensor_core_kernel_fits_its_launch_bounds_without_spills(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs the CUDA compiler nvcc")
+    kernels = [k for k in table.KERNELS if k.name.startswith("gemm_4bit_tc_") and "reduce" not in k.name]
+    assert len(kernels) == len(table.TC_DTYPES) * len(table.TC_ROWS)
+    refs = ",\n".join(f"    reinterpret_cast<const void*>(&{k.expr})" for k in kernels)
+    unit = tmp_path / "tc.cu"
+    unit.write_text(f'#include "kernels/{table.SOURCE}"\n\nconst void* const kernels[] = {{\n{refs}\n}};\n')
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in TC_ARCHS]
+    cmd = [nvcc, *gencode, "-std=c++17", "-O3", "-Xptxas", "-v", "-I", str(launch.kernel_dir())]
+    cmd += ["-I", bitsandbytes.get_include(), "-c", str(unit), "-o", str(tmp_path / "k.o")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    usage = [u for u in ptxas_usage(res.stderr) if u[0].startswith("_Z12gemm_4bit_tc")]
+    assert len(usage) == len(kernels) * len(TC_ARCHS), res.stderr
+    over = [u for u in usage if u[2] > TC_MAX_REGISTERS or u[3] > 0]
+    assert not over, f"(kernel, arch, registers, spill bytes) over {TC_MAX_REGISTERS} registers or spilling: {over}"
+    print("\n".join(f"{name} {arch}: {regs} registers" for name, arch, regs, _ in usage))
+
+
+def test_tensor_core_kernel_uses_wmma_where_the_arch_has_it(tmp_path):
+    """PTX for sm_75: the fp16 instances multiply with wmma.mma.sync, the bf16 ones (no bf16 WMMA before
+    sm_80) are a trap and nothing else; for sm_80 both use WMMA."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("needs the CUDA compiler nvcc")
+    kernels = [k for k in table.KERNELS if k.name.startswith("gemm_4bit_tc_") and "reduce" not in k.name]
+    refs = ",\n".join(f"    reinterpret_cast<const void*>(&{k.expr})" for k in kernels)
+    unit = tmp_path / "tc.cu"
+    unit.write_text(f'#include "kernels/{table.SOURCE}"\n\nconst void* const kernels[] = {{\n{refs}\n}};\n')
+    for arch, bf16_wmma in (("75", False), ("80", True)):
+        ptx = tmp_path / f"tc{arch}.ptx"
+        cmd = [nvcc, f"-arch=compute_{arch}", "-ptx", "-std=c++17", "-O3", "-I", str(launch.kernel_dir())]
+        res = subprocess.run([*cmd, "-I", bitsandbytes.get_include(), str(unit), "-o", str(ptx)], capture_output=True)
+        assert res.returncode == 0, res.stderr.decode()
+        entries = re.split(r"\.entry ", ptx.read_text())[1:]
+        tc = {e.split("(")[0]: e for e in entries if e.startswith("_Z12gemm_4bit_tc")}
+        assert len(tc) == len(kernels)
+        for name, body in tc.items():
+            if "bfloat16" in name and not bf16_wmma:
+                assert "trap;" in body and "wmma" not in body, name
+            else:
+                assert "wmma.mma.sync" in body and "wmma.load" in body, (arch, name)

@@ -51,7 +51,7 @@ def test_constructs_outside_the_subset_fail_to_compile_with_a_clear_message(comp
 
 @pytest.mark.parametrize(
     ("header", "what"),
-    [("cub/cub.cuh", "CUB"), ("mma.h", "tensor-core WMMA"), ("cooperative_groups.h", "cooperative groups")],
+    [("cub/cub.cuh", "CUB"), ("cooperative_groups.h", "cooperative groups")],
 )
 def test_headers_outside_the_subset_fail_to_compile(compile_cuda, header, what):
     with pytest.raises(EmulationCompileError, match=rf"bnb_emu: <{header}> \({what}\) is outside the emulated CUDA"):

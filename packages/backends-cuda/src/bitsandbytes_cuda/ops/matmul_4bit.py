@@ -1,13 +1,18 @@
 """gemv_4bit / gemm_4bit for device cuda, on the standard packed 4-bit layout (no repacking).
 
-Up to ``fused_max_rows(device)`` rows of A (decoding, short prefill): one fused kernel, specialized on
-the tile of rows (1, 2, 4 or 8 rows of A per block; more rows are more tiles, whose blocks are adjacent
-in the grid so that the weight comes from DRAM once and from L2 for the other tiles). It is a SIMT
-kernel (fp32 FMAs on CUDA cores, no tensor cores): each weight byte is read once per tile of rows and
-decoded once per tile. More rows: the weight is dequantized to A's dtype by a kernel (exactly the
-reference's rounded weight) and multiplied by torch's GEMM (cuBLAS, tensor cores). Double-quantized
-block scales (gemm_4bit's absmax_8bit / absmax_code / absmax_offset) are decoded by both kernels where
-they load a scale: no pass over the scales, no extra launch.
+Three routes by the rows of A (``matmul_route``):
+- ``gemv``: up to 8 rows (decoding), and up to ``fused_max_rows(device)`` where the tensor-core kernel
+  does not apply (fp32 A, no tensor cores for the dtype, K % 32 != 0, unaligned A or B): the fused SIMT
+  kernel, specialized on the tile of rows (1, 2, 4 or 8 rows of A per block; more rows are more tiles,
+  whose blocks are adjacent in the grid so that the weight comes from DRAM once and from L2 for the
+  other tiles), fp32 FMAs on CUDA cores.
+- ``tc``: 9 to ``tc_max_rows(device, dtype, N)`` rows of fp16/bf16 A on a device with tensor cores for that dtype:
+  the fused tensor-core kernel (WMMA), every row in one block so each weight byte is read once,
+  optionally splitting K over the grid (fp32 partial sums, added in a fixed order by a second kernel).
+- ``dense``: more rows: the weight is dequantized to A's dtype by a kernel (exactly the reference's
+  rounded weight) and multiplied by torch's GEMM (cuBLAS, tensor cores).
+Double-quantized block scales (gemm_4bit's absmax_8bit / absmax_code / absmax_offset) are decoded by
+every kernel where it loads a scale: no pass over the scales, no extra launch.
 """
 
 from __future__ import annotations
@@ -20,10 +25,20 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
 
 from ..launch import launch
-from ..tables.matmul_4bit import DEQUANT_PER_THREAD, GEMV_PATHS, GEMV_WARP_FEATURES, GEMV_WARPS
+from ..tables.matmul_4bit import (
+    DEQUANT_PER_THREAD,
+    GEMV_PATHS,
+    GEMV_WARP_FEATURES,
+    GEMV_WARPS,
+    TC_CHUNK,
+    TC_FEATURES,
+    TC_REDUCE_THREADS,
+    TC_ROWS,
+    TC_WARPS,
+)
 from ._common import suffix
 
-__all__ = ["OPS", "fused_max_rows", "gemm_4bit", "gemv_4bit", "gemv_4bit_out"]
+__all__ = ["OPS", "fused_max_rows", "gemm_4bit", "gemv_4bit", "gemv_4bit_out", "matmul_route", "tc_max_rows"]
 
 # Rows of A up to which the fused kernel runs, per compute capability; above, dequantize + cuBLAS.
 # UNMEASURED (no GPU here): chosen by reasoning. The fused kernel's time is about
@@ -45,21 +60,114 @@ FUSED_MAX_ROWS = {
     (12, 1): 64,  # DGX Spark
 }
 FUSED_MAX_ROWS_DEFAULT = 16  # an unknown capability, or a device that is not cuda (the emulator)
+
+# Rows of fp16/bf16 A up to which the tensor-core kernel runs (from TC_MIN_ROWS; where the dtype has
+# tensor cores, TC_DTYPE_CAPABILITY), per compute capability and by how many blocks of TC_FEATURES output
+# features the weight gives per SM ("waves": >= 3, >= 2, >= 1, >= 1/2, less); above, SIMT up to
+# fused_max_rows, then dequantize + cuBLAS. 0: that cell never takes the tensor-core kernel.
+# UNMEASURED for this kernel (no GPU here; bench/bench_cuda.py times the three routes at 16/32/64 rows).
+# Bytes moved say the fused kernel should win everywhere: it reads 0.5 byte per weight (+ its scale,
+# 4 / blocksize) once whatever the rows; the dense path reads 0.5, writes 2 and rereads 2 (4.5 bytes),
+# then runs the same 2 * rows flops per weight on the same tensor cores; at 64 rows that is ~256 flops
+# per byte of weight, above every listed part's ridge point even at a third of tensor-core peak. But
+# upstream measured its own fused mma.sync kernel (blocks of 64 features, as here) against dequantize +
+# cuBLAS on each arch (bitsandbytes/backends/cuda/ops.py, _gemm_4bit_use_custom): cuBLAS's WGMMA path on
+# sm_90 and sm_100 beats a warp-level MMA kernel unless the grid fills the GPU several times, and a
+# weight that gives few blocks per SM loses on every arch (cuBLAS tiles K; our split of K, tc_splits, is
+# meant to answer that, unmeasured). So the cells follow upstream's measured crossovers, capped at this
+# kernel's largest tile (64); the bench replaces them with this kernel's own. At 8 rows or fewer the
+# SIMT kernel reads the weight once too, with no shared-memory staging: the tensor-core kernel starts at 9.
+TC_MIN_ROWS = 9
+TC_WAVES = (3.0, 2.0, 1.0, 0.5, 0.0)
+TC_MAX_ROWS: dict[tuple[int, int], tuple[int, int, int, int, int]] = {
+    (7, 5): (64, 64, 64, 64, 32),  # T4 (fp16 only): GDDR6, dequantizing is dear
+    (8, 0): (64, 64, 32, 16, 16),  # A100, A30
+    (8, 6): (64, 64, 64, 64, 16),  # RTX 30xx, A10, A40
+    (8, 9): (64, 64, 64, 32, 16),  # RTX 40xx, L4, L40
+    (9, 0): (64, 48, 32, 16, 0),  # H100, H200: cuBLAS's WGMMA path is fast
+    (10, 0): (32, 0, 0, 0, 0),  # B200
+    (10, 3): (32, 0, 0, 0, 0),  # B300
+    (12, 0): (64, 64, 64, 32, 8),  # RTX 50xx
+}
+TC_MAX_ROWS_DEFAULT = (64, 48, 32, 16, 0)  # an unknown capability: as cautious as sm_90
+TC_MAX_ROWS_EMULATED = (64, 64, 64, 64, 64)  # the emulator: every row count the kernel serves
+# WMMA exists for fp16 from sm_70 and for bf16 from sm_80 (the library's images start at sm_75).
+TC_DTYPE_CAPABILITY = {torch.float16: (7, 0), torch.bfloat16: (8, 0)}
+# Capability assumed for a device that is not cuda: the emulator, whose <mma.h> runs every WMMA kernel.
+EMULATED_CAPABILITY = None
+# Blocks per SM the split of K aims for (the kernel's kTcMinBlocks): a block keeps one chunk of loads in
+# flight, so the bytes in flight per SM, hence the bandwidth, grow with the resident blocks. UNMEASURED.
+TC_BLOCKS_PER_SM = 4
+EMULATED_SMS = 1
 DEQUANT_THREADS = 256
 # The fused kernel walks a row of W with 32-bit offsets (k + 32 lanes * 32 weights must not overflow).
 MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
-_FUSED_ROWS: dict[torch.device, int] = {}
+# Per device: (SIMT rows, tensor-core rows by waves, dtypes with tensor cores, SMs), looked up once.
+_DEVICES: dict[torch.device, tuple[int, tuple, frozenset, int]] = {}
 _TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
+def _capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else EMULATED_CAPABILITY
+
+
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else EMULATED_SMS
+
+
+def _device(device: torch.device) -> tuple[int, tuple, frozenset, int]:
+    d = _DEVICES.get(device)
+    if d is None:
+        cap = _capability(device)
+        if cap is None and device.type == "cuda":
+            raise RuntimeError(f"no compute capability for {device}")
+        tc = frozenset(dt for dt, need in TC_DTYPE_CAPABILITY.items() if cap is None or cap >= need)
+        d = _DEVICES[device] = (
+            FUSED_MAX_ROWS.get(cap, FUSED_MAX_ROWS_DEFAULT),
+            TC_MAX_ROWS_EMULATED if cap is None else TC_MAX_ROWS.get(cap, TC_MAX_ROWS_DEFAULT),
+            tc,
+            _sms(device),
+        )
+    return d
+
+
 def fused_max_rows(device: torch.device) -> int:
-    """Rows of A up to which ``device`` runs the fused kernel (``FUSED_MAX_ROWS``)."""
-    rows = _FUSED_ROWS.get(device)
-    if rows is None:
-        cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-        rows = _FUSED_ROWS[device] = FUSED_MAX_ROWS.get(cap, FUSED_MAX_ROWS_DEFAULT)
-    return rows
+    """Rows of A up to which ``device`` runs the SIMT kernel where the tensor-core one does not apply."""
+    return _device(device)[0]
+
+
+def tc_max_rows(device: torch.device, dtype: torch.dtype, N: int) -> int:
+    """Rows of ``dtype`` A up to which ``device`` runs the tensor-core kernel for N output features (0: never)."""
+    _, by_waves, dtypes, sms = _device(device)
+    if dtype not in dtypes:
+        return 0
+    waves = -(-N // TC_FEATURES) / sms
+    return next(rows for rows, w in zip(by_waves, TC_WAVES, strict=True) if waves >= w)
+
+
+def matmul_route(A: torch.Tensor, Bb: torch.Tensor, M: int, N: int, K: int) -> str:
+    """``gemv`` (the SIMT kernel), ``tc`` (the tensor-core kernel) or ``dense`` (dequantize + torch.mm)."""
+    if (
+        TC_MIN_ROWS <= M <= tc_max_rows(A.device, A.dtype, N)
+        and K % 32 == 0
+        and A.data_ptr() % 16 == 0
+        and Bb.data_ptr() % 16 == 0
+    ):
+        return "tc"
+    return "gemv" if M <= fused_max_rows(A.device) else "dense"
+
+
+def tc_splits(groups: int, chunks: int, M: int, K: int, sms: int) -> tuple[int, int]:
+    """(splits of K over the grid, chunks of K per split) for ``groups`` blocks of features.
+
+    Enough blocks for TC_BLOCKS_PER_SM per SM, no more splits than chunks, and fp32 partial sums
+    (4 * M * N bytes per split, written and read back) at most half the packed weight's N * K / 2 bytes.
+    """
+    want = -(-TC_BLOCKS_PER_SM * sms // groups)
+    splits = max(1, min(want, chunks, K // (16 * M)))
+    per = -(-chunks // splits)
+    return -(-chunks // per), per
 
 
 def _table(quant_type: str, device: torch.device) -> torch.Tensor:
@@ -115,6 +223,19 @@ def _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out) -> None:
     )
 
 
+def _tc_into(A, Bb, M, N, K, scales, code, blocksize, bias, out) -> None:
+    rows = next(r for r in TC_ROWS if M <= r)
+    groups, chunks = -(-N // TC_FEATURES), -(-K // TC_CHUNK)
+    splits, per = tc_splits(groups, chunks, M, K, _device(A.device)[3])
+    dt = suffix(A.dtype)
+    partial = torch.empty((splits, M, N), dtype=torch.float32, device=A.device) if splits > 1 else None
+    args = (A, Bb, *scales, code, bias, out, partial, M, N, K, blocksize, per)
+    launch(f"gemm_4bit_tc_{dt}_m{rows}", (groups, splits), TC_WARPS * 32, 0, *args)
+    if partial is not None:
+        grid = -(-M * N // TC_REDUCE_THREADS)
+        launch(f"gemm_4bit_tc_reduce_{dt}", grid, TC_REDUCE_THREADS, 0, partial, bias, out, M, N, splits)
+
+
 def _scales(absmax, absmax_8bit=None, absmax_code=None, absmax_offset=None) -> tuple:
     """The kernels' four scale arguments: plain fp32 absmax and three nulls, or the nested state."""
     if absmax_8bit is None:
@@ -145,7 +266,10 @@ def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     A = A.contiguous()
     Bb = _bytes(B)
     bias = bias.contiguous() if bias is not None else None
-    if M <= fused_max_rows(A.device):
+    route = matmul_route(A, Bb, M, N, K)
+    if route == "tc":
+        _tc_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
+    elif route == "gemv":
         if K > MAX_FUSED_K:
             raise ValueError(f"A's last dimension K={K} exceeds {MAX_FUSED_K}, the most the fused kernel indexes")
         _gemv_into(A, Bb, M, N, K, scales, code, blocksize, bias, out)
