@@ -1,11 +1,19 @@
-// A small persistent thread pool behind bnb::parallel_for. It is our own (not OpenMP) so that the
-// extension never loads a second OpenMP runtime beside torch's; the caller passes the thread count
-// (torch.get_num_threads()) on every call, so torch.set_num_threads() is honoured.
+// bnb::parallel_for runs on one of two sets of threads:
 //
-// Work is cut into more chunks than threads and claimed dynamically; the caller claims chunks too and
-// only waits for chunks that a worker has actually started. So a worker that is slow to wake (torch's
-// OpenMP threads keep spinning for a while after each torch op and compete for the same cores) costs
-// at most the chunk it holds, never the whole call.
+// - "openmp" (the default where it is found): the OpenMP runtime torch already loaded (libgomp on
+//   Linux). Our parallel regions go to GOMP_parallel, so they run on the very team torch's ops use:
+//   the thread that finishes torch's op and spins waiting for the next region picks ours up at once,
+//   and no second set of threads competes with torch's spinning ones for the cores. The runtime is
+//   looked up in the process (dlopen with RTLD_NOLOAD), never linked: the wheel carries no OpenMP and
+//   can never load a second copy beside torch's.
+// - "pool": a small persistent pool of our own, used where no OpenMP runtime is loaded, and always in a
+//   child after fork() (an OpenMP team cannot be used in a forked child: its threads are gone; a known
+//   libgomp limitation, which torch's own ops hit too).
+//
+// Either way the caller passes the thread count (torch.get_num_threads()) on every call, so
+// torch.set_num_threads() is honoured, and work is cut into more chunks than threads and claimed
+// dynamically: which chunk runs where never changes what is computed, and a thread that is slow to wake
+// costs at most the chunk it holds.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -17,11 +25,17 @@
 #include <vector>
 
 #if !defined(_WIN32)
+#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 #endif
 
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
 #include "common.h"
+#include "thread_pool.h"
 
 namespace bnb {
 namespace {
@@ -57,7 +71,14 @@ struct Batch {
   }
 };
 
+// True while this thread runs chunks of a parallel_for: a nested call runs inline.
 thread_local bool in_worker = false;
+
+struct WorkerScope {
+  bool saved = in_worker;
+  WorkerScope() { in_worker = true; }
+  ~WorkerScope() { in_worker = saved; }
+};
 
 class Pool {
  public:
@@ -98,12 +119,60 @@ class Pool {
 std::atomic<Pool*> g_pool{nullptr};
 std::mutex* g_pool_mu = new std::mutex();
 
+// ---- the OpenMP runtime of the process ----------------------------------------------------------
+
+// GOMP_parallel(fn, data, num_threads, flags): what `#pragma omp parallel num_threads(n)` compiles to
+// with gcc since 4.9 (libgomp's GOMP_4.0 ABI); LLVM's and Intel's runtimes export it too.
+using GompParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
+
+GompParallel find_openmp() {
+#if defined(_WIN32)
+  return nullptr;
+#else
+  // Only a runtime already loaded (by torch): RTLD_NOLOAD never loads one.
+  for (const char* name : {"libgomp.so.1", "libomp.so", "libiomp5.so", "libomp.dylib", "libiomp5.dylib"}) {
+    void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) continue;
+    auto fn = reinterpret_cast<GompParallel>(dlsym(h, "GOMP_parallel"));
+    if (fn) return fn;  // the handle is kept: the runtime stays loaded as long as torch is
+    dlclose(h);
+  }
+  return nullptr;
+#endif
+}
+
+enum Mode : int { kUndecided = -1, kPool = 0, kOpenMP = 1 };
+std::atomic<int> g_mode{kUndecided};
+std::atomic<GompParallel> g_gomp{nullptr};
+std::atomic<bool> g_forked{false};
+
+void choose_auto() {
+  GompParallel fn = g_forked.load() ? nullptr : find_openmp();
+  g_gomp.store(fn);
+  g_mode.store(fn ? kOpenMP : kPool);
+}
+
+int mode() {
+  int m = g_mode.load(std::memory_order_acquire);
+  if (m != kUndecided) return m;
+  // BNB_CPU_THREADS=pool|openmp|auto (default auto), read once: for benchmarks and diagnosis.
+  const char* env = std::getenv("BNB_CPU_THREADS");
+  try {
+    set_thread_runtime(env && *env ? env : "auto");
+  } catch (const std::invalid_argument&) {
+    choose_auto();  // a bad value must not break every kernel; python -m bitsandbytes shows the choice
+  }
+  return g_mode.load(std::memory_order_acquire);
+}
+
 #if !defined(_WIN32)
-void forget_pool_in_child() {
+void forget_threads_in_child() {
   g_pool.store(nullptr);
   g_pool_mu = new std::mutex();
+  g_forked.store(true);
+  if (g_mode.load() == kOpenMP) g_mode.store(kPool);
 }
-const bool g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0;
+const bool g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_threads_in_child) == 0;
 #endif
 
 Pool& pool() {
@@ -121,7 +190,31 @@ Pool& pool() {
 // Chunks per thread: enough that a late or preempted worker holds up little of the call.
 constexpr int64_t kChunksPerThread = 4;
 
+void run_batch(void* p) {
+  WorkerScope scope;
+  static_cast<Batch*>(p)->work();
+}
+
 }  // namespace
+
+const char* thread_runtime() { return mode() == kOpenMP ? "openmp" : "pool"; }
+
+void set_thread_runtime(const char* name) {
+  const std::string n = name ? name : "";
+  if (n == "auto") {
+    choose_auto();
+  } else if (n == "pool") {
+    g_mode.store(kPool);
+  } else if (n == "openmp") {
+    if (g_forked.load()) throw std::invalid_argument("the openmp thread runtime cannot be used after fork()");
+    GompParallel fn = find_openmp();
+    if (!fn) throw std::invalid_argument("no OpenMP runtime (GOMP_parallel) is loaded in this process");
+    g_gomp.store(fn);
+    g_mode.store(kOpenMP);
+  } else {
+    throw std::invalid_argument("thread runtime must be 'openmp', 'pool' or 'auto'; got '" + n + "'");
+  }
+}
 
 void parallel_for(int64_t n, int64_t grain, int threads, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
@@ -140,8 +233,15 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
   batch->n = n;
   batch->per = per;
   batch->chunks = (n + per - 1) / per;
+  if (mode() == kOpenMP) {
+    // Returns when every thread of the team has finished (the region's closing barrier).
+    g_gomp.load(std::memory_order_relaxed)(run_batch, batch.get(), unsigned(std::min<int64_t>(threads, batch->chunks)),
+                                           0);
+    if (batch->error) std::rethrow_exception(batch->error);
+    return;
+  }
   pool().post(batch, int(std::min<int64_t>(threads - 1, batch->chunks - 1)));
-  batch->work();
+  run_batch(batch.get());
   if (batch->done.load(std::memory_order_acquire) != batch->chunks) {
     std::unique_lock<std::mutex> lock(batch->mu);
     batch->finished.wait(lock, [&] { return batch->done.load(std::memory_order_acquire) == batch->chunks; });
