@@ -173,11 +173,14 @@ int mode() {
 // scheduled yet: on an oversubscribed machine (more runnable threads than cores) a call then waits a
 // scheduler time slice, several times the work (measured on 2 busy cores: 24 ms against 7 ms on one
 // thread), where our pool's caller just does the chunks no worker took. So in auto mode a call whose
-// closing wait exceeded its own work counts as a strike; after kStrikes in a row the pool is used for
-// kPoolSpell, then the team is tried again.
+// closing wait exceeded both its own work and kStrikeWait counts as a strike; after kStrikes in a row
+// the pool is used for kPoolSpell, then the team is tried again.
 using Clock = std::chrono::steady_clock;
 constexpr int kStrikes = 3;
 constexpr auto kPoolSpell = std::chrono::seconds(2);
+// A wait this long is the scheduler's doing: waking an idle team thread takes tens of microseconds, so
+// tiny calls on a quiet machine (whose wait may exceed their work) never count.
+constexpr auto kStrikeWait = std::chrono::milliseconds(1);
 std::atomic<int> g_strikes{0};
 std::atomic<int64_t> g_pool_until{0};  // Clock ticks; auto mode uses the pool before this
 
@@ -187,7 +190,8 @@ bool auto_uses_pool() {
 }
 
 void note_region(Clock::time_point start, Clock::time_point caller_done, Clock::time_point end) {
-  if (end - caller_done > caller_done - start) {
+  const auto wait = end - caller_done;
+  if (wait > caller_done - start && wait > kStrikeWait) {
     if (g_strikes.fetch_add(1, std::memory_order_relaxed) + 1 >= kStrikes) {
       g_strikes.store(0, std::memory_order_relaxed);
       g_pool_until.store((end + kPoolSpell).time_since_epoch().count(), std::memory_order_relaxed);
