@@ -189,9 +189,11 @@ bool auto_uses_pool() {
   return until != 0 && Clock::now().time_since_epoch().count() < until;
 }
 
-void note_region(Clock::time_point start, Clock::time_point caller_done, Clock::time_point end) {
-  const auto wait = end - caller_done;
-  if (wait > caller_done - start && wait > kStrikeWait) {
+// start/end: around GOMP_parallel; begin/done: the caller's own chunks. The team's waits are at both
+// ends (the start waits for a team thread still on its way back from the previous region).
+void note_region(Clock::time_point start, Clock::time_point begin, Clock::time_point done, Clock::time_point end) {
+  const auto wait = (begin - start) + (end - done);
+  if (wait > done - begin && wait > kStrikeWait) {
     if (g_strikes.fetch_add(1, std::memory_order_relaxed) + 1 >= kStrikes) {
       g_strikes.store(0, std::memory_order_relaxed);
       g_pool_until.store((end + kPoolSpell).time_since_epoch().count(), std::memory_order_relaxed);
@@ -235,12 +237,13 @@ void run_batch(void* p) {
 struct OmpCall {
   Batch* batch;
   std::thread::id caller;
-  Clock::time_point caller_done;
+  Clock::time_point caller_begin, caller_done;
 };
 
 void run_omp(void* p) {
   auto* call = static_cast<OmpCall*>(p);
   const bool caller = std::this_thread::get_id() == call->caller;
+  if (caller) call->caller_begin = Clock::now();
   run_batch(call->batch);
   if (caller) call->caller_done = Clock::now();
 }
@@ -290,11 +293,11 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
   const int m = mode();
   if (m == kOpenMP || (m == kAuto && !auto_uses_pool())) {
     // Returns when every thread of the team has finished (the region's closing barrier).
-    OmpCall call{batch.get(), std::this_thread::get_id(), {}};
+    OmpCall call{batch.get(), std::this_thread::get_id(), {}, {}};
     const Clock::time_point start = Clock::now();
     g_gomp.load(std::memory_order_relaxed)(run_omp, &call, unsigned(std::min<int64_t>(threads, batch->chunks)), 0);
-    if (m == kAuto)
-      note_region(start, call.caller_done == Clock::time_point{} ? start : call.caller_done, Clock::now());
+    // The caller is thread 0 of the team, so it always ran run_omp and set both times.
+    if (m == kAuto) note_region(start, call.caller_begin, call.caller_done, Clock::now());
     if (batch->error) std::rethrow_exception(batch->error);
     return;
   }
