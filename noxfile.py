@@ -417,7 +417,8 @@ def bench(session: nox.Session) -> None:
     """CPU benchmark of issue 3 (a benchmark, not a test): native kernels vs the reference, upstream
     bitsandbytes in a venv of its own, and dense torch; 2 threads. Writes
     packages/backends-cpu/bench/results/cpu_bench.{md,json}. `nox -s bench -- --quick`: one shape, ~2 min."""
-    install(session, "torch", "-e", CORE)
+    # transformers: the decode-loop row builds a Llama-shaped model from a config (both sides).
+    install(session, "torch", "transformers", "-e", CORE)
     install(session, "./packages/backends-cpu")
     # Upstream needs a venv of its own (both distributions are named bitsandbytes), kept beside this
     # session's; the harness runs its worker script there as a subprocess in this same invocation.
@@ -425,7 +426,9 @@ def bench(session: nox.Session) -> None:
     python = upstream / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
     if not python.exists():
         session.run("python", "-m", "venv", str(upstream))
-    session.run(str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", UPSTREAM, external=True)
+    session.run(
+        str(python), "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch", "transformers", UPSTREAM, external=True
+    )
     session.run(
         "python",
         "packages/backends-cpu/bench/run.py",

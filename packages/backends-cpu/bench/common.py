@@ -197,6 +197,7 @@ def cases(quick: bool) -> list[Case]:
                     dense="F.linear bf16",
                 )
             )
+    out += extra_cases(quick)
     N, K = ADAM_SHAPE
     n = N * K
     # g, p read; p written; two uint8 states read + written; absmax per 256 read + written.
@@ -213,6 +214,163 @@ def cases(quick: bool) -> list[Case]:
         )
     )
     return out
+
+
+# Batch-1 rows beside the plain gemv (issue 19): double quantization through gemm_4bit (what
+# Linear4bit(compress_statistics=True) runs), a torch op between our calls (as in a decoder layer), and a
+# whole decode loop.
+INTERLEAVED_OP = "F.layer_norm + bf16 F.linear [2048, K] (a torch parallel region before each call)"
+# A Llama-shaped decoder built from a config (no download): its 4-bit linears stream 108 MiB per token,
+# more than this machine's L3, as a real model's do.
+DECODE = {"hidden": 2048, "intermediate": 5632, "layers": 4, "heads": 16, "vocab": 4096, "prompt": 8, "new": 16}
+
+
+def decode_linear_bytes() -> int:
+    h, i = DECODE["hidden"], DECODE["intermediate"]
+    return DECODE["layers"] * (_packed_bytes(4 * h * h) + _packed_bytes(3 * h * i))
+
+
+def extra_cases(quick: bool) -> list[Case]:
+    out: list[Case] = []
+    for N, K in SHAPES_QUICK if quick else SHAPES_FULL:
+        n, s = N * K, f"{N}x{K}"
+        out.append(
+            Case(
+                f"gemm_4bit/nested1/{s}",
+                "gemm_4bit",
+                "gemv_4bit, batch 1 (nf4, bf16)",
+                "double quant (gemm_4bit, 1 row), hot",
+                N,
+                K,
+                M=1,
+                bytes=n // 2 + ceil(n / BLOCKSIZE_4BIT) + 4 * ceil(n / BLOCKSIZE_4BIT / 256),
+                flops=2 * n,
+                calls=8,
+                dense="F.linear bf16",
+            )
+        )
+        out.append(
+            Case(
+                f"gemv_4bit/interleaved/{s}",
+                "gemv_4bit",
+                "gemv_4bit, batch 1 (nf4, bf16)",
+                f"hot, after {INTERLEAVED_OP}; ms = ours only",
+                N,
+                K,
+                M=1,
+                bytes=_packed_bytes(n),
+                flops=2 * n,
+                calls=8,
+                dense="F.linear bf16",
+            )
+        )
+    d = DECODE
+    out.append(
+        Case(
+            "decode/llama",
+            "gemm_4bit",
+            "Decode loop: transformers generate(), Llama-shaped, 4-bit linears (nf4, bf16)",
+            f"hidden {d['hidden']}, MLP {d['intermediate']}, {d['layers']} layers, vocab {d['vocab']}; "
+            f"{d['prompt']}-token prompt, {d['new']} new tokens; ms per new token",
+            d["hidden"],
+            d["hidden"],
+            M=1,
+            bytes=decode_linear_bytes(),
+            calls=d["new"],
+            dense="the same model in bf16",
+        )
+    )
+    return out
+
+
+def decode_model(bnb=None, compress_statistics: bool = False):
+    """The decode case's model, bf16, identical in both processes (seeded init); with ``bnb`` (the
+    bitsandbytes module of that side) every linear of its decoder layers is an nf4 ``nn.Linear4bit``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = DECODE
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        hidden_size=d["hidden"],
+        intermediate_size=d["intermediate"],
+        num_hidden_layers=d["layers"],
+        num_attention_heads=d["heads"],
+        num_key_value_heads=d["heads"],
+        vocab_size=d["vocab"],
+        max_position_embeddings=256,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    if bnb is not None:
+        for layer in model.model.layers:
+            for parent in (layer.self_attn, layer.mlp):
+                for name, lin in list(parent.named_children()):
+                    if isinstance(lin, torch.nn.Linear):
+                        setattr(parent, name, linear4bit(bnb, lin.weight.data, compress_statistics))
+    return model
+
+
+def linear4bit(bnb, w: torch.Tensor, compress_statistics: bool = False):
+    """An nf4 ``nn.Linear4bit`` (bf16 compute, no bias) holding ``w`` quantized, the same on both sides."""
+    N, K = w.shape
+    q, state = bnb.functional.quantize_4bit(
+        w, blocksize=BLOCKSIZE_4BIT, quant_type=QUANT_TYPE, compress_statistics=compress_statistics
+    )
+    layer = bnb.nn.Linear4bit(
+        K,
+        N,
+        bias=False,
+        compute_dtype=torch.bfloat16,
+        compress_statistics=compress_statistics,
+        quant_type=QUANT_TYPE,
+        device="meta",
+    )
+    layer.weight = bnb.nn.Params4bit(
+        q,
+        requires_grad=False,
+        quant_state=state,
+        blocksize=BLOCKSIZE_4BIT,
+        compress_statistics=compress_statistics,
+        quant_type=QUANT_TYPE,
+        bnb_quantized=True,
+        module=layer,
+    )
+    return layer.eval()
+
+
+def decode_fns(model) -> dict:
+    """``{"generate": fn, "linears_alone": fn}``: one greedy generate() of DECODE["new"] tokens; and every
+    4-bit linear of the model called once on a batch-1 input, in model order (one token's linears alone).
+    After a generate(), ``linear_s[0]`` holds the seconds its 4-bit linears took in its one-token steps
+    (forward hooks; the first new token comes from the prompt's step, so DECODE["new"] - 1 steps)."""
+    d = DECODE
+    ids = torch.randint(1, d["vocab"], (1, d["prompt"]), generator=generator("prompt"))
+    linears = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+    spent = [0.0]
+    start: dict = {}
+
+    def pre(mod, args):
+        start[id(mod)] = time.perf_counter()
+
+    def post(mod, args, out):
+        if args[0].numel() == args[0].shape[-1]:  # decode steps only, not the prompt's (M = prompt) call
+            spent[0] += time.perf_counter() - start[id(mod)]
+
+    for m in linears:
+        m.register_forward_pre_hook(pre)
+        m.register_forward_hook(post)
+    inputs = {id(m): torch.randn(1, 1, m.in_features, generator=generator("lin")).to(torch.bfloat16) for m in linears}
+
+    def generate():
+        spent[0] = 0.0
+        model.generate(ids, max_new_tokens=d["new"], min_new_tokens=d["new"], do_sample=False)
+
+    def linears_alone():
+        for m in linears:
+            m(inputs[id(m)])
+
+    return {"generate": generate, "linears_alone": linears_alone, "linear_s": spent}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -270,9 +428,21 @@ def inputs(case: Case) -> dict[str, object]:
             layers = [(q, absmax)] + [(q.clone(), absmax.clone()) for _ in range(case.calls - 1)]
             return {"x": x, "layers": layers}
         return {"x": x, "layers": [(q, absmax)]}
+    if kind == "gemm_4bit" and "/nested1/" in case.id:
+        q, absmax = packed_4bit(N, K)
+        g = generator(f"nested{N}x{K}")
+        blocks = absmax.numel()
+        nested = {
+            "absmax_8bit": torch.randint(0, 256, (blocks,), dtype=torch.uint8, generator=g),
+            "absmax2": torch.rand(ceil(blocks / 256), generator=g) / 100,
+            "offset": torch.tensor([0.5]),
+        }
+        return {"x": activations(1, K), "layers": [(q, absmax)], **nested}
     if kind == "gemm_4bit":
         q, absmax = packed_4bit(N, K)
         return {"x": activations(M, K), "layers": [(q, absmax)]}
+    if kind == "decode":
+        return {}
     if kind == "int8_linear_matmul":
         return {"A": int8_matrix(M, K, "a"), "B": int8_matrix(N, K, "b")}
     if kind == "adam8bit":
@@ -349,6 +519,17 @@ def measure(fn: Callable[[], object], budget: Budget, calls: int = 1, warmup: in
     return measure_many({"_": (fn, calls)}, budget, warmup)["_"]
 
 
+def interleaved_op(K: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The torch op the interleaved rows run before each of their calls: what a decoder layer runs
+    between its linears (a norm, a dense bf16 projection), each a torch parallel region."""
+    w = weight(2048, K)
+
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (K,)), w)
+
+    return op
+
+
 def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Budget, warmup: int = 1) -> dict:
     """``{name: timing}`` for ``{name: (fn, calls per round)}``, the rounds of all interleaved so that a
     load change on a shared machine hits every implementation alike (their ratios are what counts).
@@ -385,8 +566,10 @@ def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Bud
             for name, (fn, _) in impls.items():
                 if not done(name):
                     t0 = time.perf_counter()
-                    fn()
+                    timed = fn()
                     dt = time.perf_counter() - t0
+                    # A round that times only part of itself (the interleaved rows) returns those seconds.
+                    dt = timed if isinstance(timed, float) else dt
                     rounds[name].append(dt)
                     spent[name] += dt
     finally:

@@ -74,6 +74,10 @@ def _linear4bit(bnb, F, q: torch.Tensor, absmax: torch.Tensor, N: int, K: int, x
     return layer, time.perf_counter() - t0
 
 
+def fns_linear(model):
+    return next(m for m in model.modules() if type(m).__name__ == "Linear4bit")
+
+
 def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
     ops = torch.ops.bitsandbytes
     N, K = case.N, case.K
@@ -115,6 +119,53 @@ def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
 
         def fn():
             return ops.dequantize_blockwise(A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32)
+    elif kind == "decode":
+        model = common.decode_model(bnb)
+        fns = common.decode_fns(model)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            fns["linears_alone"]()  # the repack trigger on AVX512-BF16 machines (first eval forward)
+            extra["repack_s"] = time.perf_counter() - t0
+            extra["repacked"] = bool(getattr(fns_linear(model).weight.quant_state, "packing_format_for_cpu", False))
+        fn = fns["generate"]
+    elif kind == "gemm_4bit" and "/nested1/" in case.id:
+        x, (q, _) = t["x"], t["layers"][0]
+        state2 = F.QuantState(
+            absmax=t["absmax2"], code=F.create_dynamic_map(signed=True), blocksize=256, dtype=torch.float32
+        )
+        state = F.QuantState(
+            absmax=t["absmax_8bit"],
+            shape=torch.Size([N, K]),
+            code=F.get_4bit_type(common.QUANT_TYPE, device="cpu"),
+            blocksize=common.BLOCKSIZE_4BIT,
+            quant_type=common.QUANT_TYPE,
+            dtype=torch.bfloat16,
+            offset=t["offset"],
+            state2=state2,
+        )
+        layer = bnb.nn.Linear4bit(
+            K, N, bias=False, compute_dtype=torch.bfloat16, quant_type=common.QUANT_TYPE, device="meta"
+        )
+        layer.weight = bnb.nn.Params4bit(
+            q,
+            requires_grad=False,
+            quant_state=state,
+            blocksize=common.BLOCKSIZE_4BIT,
+            compress_statistics=True,
+            quant_type=common.QUANT_TYPE,
+            bnb_quantized=True,
+            module=layer,
+        )
+        layer.eval()
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            extra["sample"] = common.sample(layer(x))  # the repack trigger
+            extra["repack_s"] = time.perf_counter() - t0
+        extra["repacked"] = bool(getattr(layer.weight.quant_state, "packing_format_for_cpu", False))
+
+        def fn():
+            for _ in range(case.calls):
+                layer(x)
     elif kind in ("gemv_4bit", "gemm_4bit"):
         x = t["x"]
         built = [_linear4bit(bnb, F, q, absmax, N, K, x) for q, absmax in t["layers"]]
@@ -129,6 +180,17 @@ def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
             def fn():
                 for _ in range(case.calls):
                     layer(x)
+        elif "/interleaved/" in case.id:
+            layer, torch_op = layers[0], common.interleaved_op(K)
+
+            def fn():
+                timed = 0.0
+                for _ in range(case.calls):
+                    torch_op(x)
+                    t0 = time.perf_counter()
+                    layer(x)
+                    timed += time.perf_counter() - t0
+                return timed
         else:
 
             def fn():
@@ -153,7 +215,7 @@ def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
         )
     else:
         raise KeyError(case.id)
-    calls = case.calls if kind == "gemv_4bit" else 1
+    calls = case.calls if kind in ("gemv_4bit", "decode") or "/nested1/" in case.id else 1
     with torch.no_grad():
         return {**common.measure(fn, budget, calls=calls), **extra}
 

@@ -39,23 +39,48 @@ int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
 
 BNB_BINDINGS(matmul_4bit) {
   // out[M, N] = A[M, K] @ W.T (+ bias), W the [N, K] packed 4-bit weight with table `code`.
-  m.def("gemv_4bit", [](Array A, Array B, int64_t M, int64_t N, int64_t K, Array absmax, Array code, int64_t blocksize,
-                        std::optional<Array> bias, Array out, int threads) {
-    check_blocksize(blocksize);
-    check_dims(M, "M");
-    check_dims(N, "N");
-    check_dims(K, "K");
-    const int64_t MK = product(M, K, "M * K"), NK = product(N, K, "N * K"), MN = product(M, N, "M * N");
-    DType dt = float_dtype(A, "A");
-    const void* a = float_data(A, "A", dt, MK);
-    const uint8_t* b = packed_bytes(B, ceil_div(NK, 2));
-    const float* am = f32(absmax, "absmax", ceil_div(NK, blocksize));
-    const float* c = f32(code, "code", 16);
-    const void* bs = bias ? float_data(*bias, "bias", dt, N) : nullptr;
-    void* y = float_data(out, "out", dt, MN);
-    nb::gil_scoped_release release;
-    BNB_DISPATCH(gemv_4bit, a, dt, M, N, K, b, am, c, blocksize, bs, y, threads);
-  });
+  // With absmax_8bit (double quantization) absmax is absmax2, one per 256 blocks, and the block scales
+  // are expanded inside the kernel (absmax_code: 256 fp32, absmax_offset: one fp32).
+  m.def(
+      "gemv_4bit",
+      [](Array A, Array B, int64_t M, int64_t N, int64_t K, Array absmax, Array code, int64_t blocksize,
+         std::optional<Array> bias, Array out, int threads, std::optional<Array> absmax_8bit,
+         std::optional<Array> absmax_code, std::optional<Array> absmax_offset) {
+        check_blocksize(blocksize);
+        check_dims(M, "M");
+        check_dims(N, "N");
+        check_dims(K, "K");
+        const int64_t MK = product(M, K, "M * K"), NK = product(N, K, "N * K"), MN = product(M, N, "M * N");
+        DType dt = float_dtype(A, "A");
+        const void* a = float_data(A, "A", dt, MK);
+        const uint8_t* b = packed_bytes(B, ceil_div(NK, 2));
+        const int64_t blocks = ceil_div(NK, blocksize);
+        NestedAbsmax nested{};
+        const float* am;
+        if (absmax_8bit) {
+          if (!absmax_code || !absmax_offset)
+            throw std::invalid_argument("absmax_8bit needs absmax_code and absmax_offset");
+          nested.q = u8(*absmax_8bit, "absmax_8bit");
+          if (numel(*absmax_8bit) < blocks)
+            throw std::invalid_argument("absmax_8bit must have at least " + std::to_string(blocks) + " elements; got " +
+                                        std::to_string(numel(*absmax_8bit)));
+          nested.code = f32(*absmax_code, "absmax_code", 256);
+          nested.offset = *f32(*absmax_offset, "absmax_offset", 1);
+          am = f32(absmax, "absmax", n_blocks(blocks, BNB_DOUBLE_QUANT_BLOCKSIZE));
+        } else {
+          am = f32(absmax, "absmax", blocks);
+        }
+        const float* c = f32(code, "code", 16);
+        const void* bs = bias ? float_data(*bias, "bias", dt, N) : nullptr;
+        void* y = float_data(out, "out", dt, MN);
+        const NestedAbsmax* np = absmax_8bit ? &nested : nullptr;
+        nb::gil_scoped_release release;
+        BNB_DISPATCH(gemv_4bit, a, dt, M, N, K, b, am, np, c, blocksize, bs, y, threads);
+      },
+      nb::arg("A"), nb::arg("B"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("absmax"), nb::arg("code"),
+      nb::arg("blocksize"), nb::arg("bias").none(), nb::arg("out"), nb::arg("threads"),
+      nb::arg("absmax_8bit").none() = nb::none(), nb::arg("absmax_code").none() = nb::none(),
+      nb::arg("absmax_offset").none() = nb::none());
   // Whether bf16 A takes the AVX512-BF16 dot-product path at the active level; 0/1 switch it (tests).
   m.def(
       "gemv_4bit_bf16_dot",

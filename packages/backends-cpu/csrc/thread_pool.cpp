@@ -1,13 +1,24 @@
-// A small persistent thread pool behind bnb::parallel_for. It is our own (not OpenMP) so that the
-// extension never loads a second OpenMP runtime beside torch's; the caller passes the thread count
-// (torch.get_num_threads()) on every call, so torch.set_num_threads() is honoured.
+// bnb::parallel_for runs on one of two sets of threads:
 //
-// Work is cut into more chunks than threads and claimed dynamically; the caller claims chunks too and
-// only waits for chunks that a worker has actually started. So a worker that is slow to wake (torch's
-// OpenMP threads keep spinning for a while after each torch op and compete for the same cores) costs
-// at most the chunk it holds, never the whole call.
+// - "openmp": the OpenMP runtime torch already loaded (libgomp on Linux). Our parallel regions go to GOMP_parallel, so
+// they run on the very team torch's ops use:
+//   the thread that finishes torch's op and spins waiting for the next region picks ours up at once,
+//   and no second set of threads competes with torch's spinning ones for the cores. The runtime is
+//   looked up in the process (dlopen with RTLD_NOLOAD), never linked: the wheel carries no OpenMP and
+//   can never load a second copy beside torch's.
+// - "pool": a small persistent pool of our own, used where no OpenMP runtime is loaded, and always in a
+//   child after fork() (an OpenMP team cannot be used in a forked child: its threads are gone; a known
+//   libgomp limitation, which torch's own ops hit too).
+// - "auto", the default where a runtime is found: the openmp team, falling back to the pool for a while
+//   when the machine is oversubscribed (note_region below).
+//
+// Either way the caller passes the thread count (torch.get_num_threads()) on every call, so
+// torch.set_num_threads() is honoured, and work is cut into more chunks than threads and claimed
+// dynamically: which chunk runs where never changes what is computed, and a thread that is slow to wake
+// costs at most the chunk it holds.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -17,11 +28,17 @@
 #include <vector>
 
 #if !defined(_WIN32)
+#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 #endif
 
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
 #include "common.h"
+#include "thread_pool.h"
 
 namespace bnb {
 namespace {
@@ -57,7 +74,14 @@ struct Batch {
   }
 };
 
+// True while this thread runs chunks of a parallel_for: a nested call runs inline.
 thread_local bool in_worker = false;
+
+struct WorkerScope {
+  bool saved = in_worker;
+  WorkerScope() { in_worker = true; }
+  ~WorkerScope() { in_worker = saved; }
+};
 
 class Pool {
  public:
@@ -98,12 +122,95 @@ class Pool {
 std::atomic<Pool*> g_pool{nullptr};
 std::mutex* g_pool_mu = new std::mutex();
 
+// ---- the OpenMP runtime of the process ----------------------------------------------------------
+
+// GOMP_parallel(fn, data, num_threads, flags): what `#pragma omp parallel num_threads(n)` compiles to
+// with gcc since 4.9 (libgomp's GOMP_4.0 ABI); LLVM's and Intel's runtimes export it too.
+using GompParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
+
+GompParallel find_openmp() {
+#if defined(_WIN32)
+  return nullptr;
+#else
+  // Only a runtime already loaded (by torch): RTLD_NOLOAD never loads one.
+  for (const char* name : {"libgomp.so.1", "libomp.so", "libiomp5.so", "libomp.dylib", "libiomp5.dylib"}) {
+    void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) continue;
+    auto fn = reinterpret_cast<GompParallel>(dlsym(h, "GOMP_parallel"));
+    if (fn) return fn;  // the handle is kept: the runtime stays loaded as long as torch is
+    dlclose(h);
+  }
+  return nullptr;
+#endif
+}
+
+// kAuto: the openmp team, except while the machine is oversubscribed (see below).
+enum Mode : int { kUndecided = -1, kPool = 0, kOpenMP = 1, kAuto = 2 };
+std::atomic<int> g_mode{kUndecided};
+std::atomic<GompParallel> g_gomp{nullptr};
+std::atomic<bool> g_forked{false};
+
+void choose_auto() {
+  GompParallel fn = g_forked.load() ? nullptr : find_openmp();
+  g_gomp.store(fn);
+  g_mode.store(fn ? kAuto : kPool);
+}
+
+int mode() {
+  int m = g_mode.load(std::memory_order_acquire);
+  if (m != kUndecided) return m;
+  // BNB_CPU_THREADS=pool|openmp|auto (default auto), read once: for benchmarks and diagnosis.
+  const char* env = std::getenv("BNB_CPU_THREADS");
+  try {
+    set_thread_runtime(env && *env ? env : "auto");
+  } catch (const std::invalid_argument&) {
+    choose_auto();  // a bad value must not break every kernel; python -m bitsandbytes shows the choice
+  }
+  return g_mode.load(std::memory_order_acquire);
+}
+
+// An OpenMP region ends at a barrier that waits for every thread of the team, also one the OS has not
+// scheduled yet: on an oversubscribed machine (more runnable threads than cores) a call then waits a
+// scheduler time slice, several times the work (measured on 2 busy cores: 24 ms against 7 ms on one
+// thread), where our pool's caller just does the chunks no worker took. So in auto mode a call whose
+// closing wait exceeded both its own work and kStrikeWait counts as a strike; after kStrikes in a row
+// the pool is used for kPoolSpell, then the team is tried again.
+using Clock = std::chrono::steady_clock;
+constexpr int kStrikes = 3;
+constexpr auto kPoolSpell = std::chrono::seconds(2);
+// A wait this long is the scheduler's doing: waking an idle team thread takes tens of microseconds, so
+// tiny calls on a quiet machine (whose wait may exceed their work) never count.
+constexpr auto kStrikeWait = std::chrono::milliseconds(1);
+std::atomic<int> g_strikes{0};
+std::atomic<int64_t> g_pool_until{0};  // Clock ticks; auto mode uses the pool before this
+
+bool auto_uses_pool() {
+  const int64_t until = g_pool_until.load(std::memory_order_relaxed);
+  return until != 0 && Clock::now().time_since_epoch().count() < until;
+}
+
+// start/end: around GOMP_parallel; begin/done: the caller's own chunks. The team's waits are at both
+// ends (the start waits for a team thread still on its way back from the previous region).
+void note_region(Clock::time_point start, Clock::time_point begin, Clock::time_point done, Clock::time_point end) {
+  const auto wait = (begin - start) + (end - done);
+  if (wait > done - begin && wait > kStrikeWait) {
+    if (g_strikes.fetch_add(1, std::memory_order_relaxed) + 1 >= kStrikes) {
+      g_strikes.store(0, std::memory_order_relaxed);
+      g_pool_until.store((end + kPoolSpell).time_since_epoch().count(), std::memory_order_relaxed);
+    }
+  } else {
+    g_strikes.store(0, std::memory_order_relaxed);
+  }
+}
+
 #if !defined(_WIN32)
-void forget_pool_in_child() {
+void forget_threads_in_child() {
   g_pool.store(nullptr);
   g_pool_mu = new std::mutex();
+  g_forked.store(true);
+  if (g_mode.load() == kOpenMP || g_mode.load() == kAuto) g_mode.store(kPool);
 }
-const bool g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_pool_in_child) == 0;
+const bool g_atfork_registered = pthread_atfork(nullptr, nullptr, forget_threads_in_child) == 0;
 #endif
 
 Pool& pool() {
@@ -121,7 +228,50 @@ Pool& pool() {
 // Chunks per thread: enough that a late or preempted worker holds up little of the call.
 constexpr int64_t kChunksPerThread = 4;
 
+void run_batch(void* p) {
+  WorkerScope scope;
+  static_cast<Batch*>(p)->work();
+}
+
+// GOMP_parallel's body: the caller (thread 0 of the team) records when it ran out of chunks.
+struct OmpCall {
+  Batch* batch;
+  std::thread::id caller;
+  Clock::time_point caller_begin, caller_done;
+};
+
+void run_omp(void* p) {
+  auto* call = static_cast<OmpCall*>(p);
+  const bool caller = std::this_thread::get_id() == call->caller;
+  if (caller) call->caller_begin = Clock::now();
+  run_batch(call->batch);
+  if (caller) call->caller_done = Clock::now();
+}
+
 }  // namespace
+
+const char* thread_runtime() {
+  const int m = mode();
+  return m == kOpenMP ? "openmp" : m == kAuto ? "auto" : "pool";
+}
+
+void set_thread_runtime(const char* name) {
+  const std::string n = name ? name : "";
+  if (n == "auto") {
+    g_pool_until.store(0);
+    choose_auto();
+  } else if (n == "pool") {
+    g_mode.store(kPool);
+  } else if (n == "openmp") {
+    if (g_forked.load()) throw std::invalid_argument("the openmp thread runtime cannot be used after fork()");
+    GompParallel fn = find_openmp();
+    if (!fn) throw std::invalid_argument("no OpenMP runtime (GOMP_parallel) is loaded in this process");
+    g_gomp.store(fn);
+    g_mode.store(kOpenMP);
+  } else {
+    throw std::invalid_argument("thread runtime must be 'openmp', 'pool' or 'auto'; got '" + n + "'");
+  }
+}
 
 void parallel_for(int64_t n, int64_t grain, int threads, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
@@ -140,8 +290,19 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
   batch->n = n;
   batch->per = per;
   batch->chunks = (n + per - 1) / per;
+  const int m = mode();
+  if (m == kOpenMP || (m == kAuto && !auto_uses_pool())) {
+    // Returns when every thread of the team has finished (the region's closing barrier).
+    OmpCall call{batch.get(), std::this_thread::get_id(), {}, {}};
+    const Clock::time_point start = Clock::now();
+    g_gomp.load(std::memory_order_relaxed)(run_omp, &call, unsigned(std::min<int64_t>(threads, batch->chunks)), 0);
+    // The caller is thread 0 of the team, so it always ran run_omp and set both times.
+    if (m == kAuto) note_region(start, call.caller_begin, call.caller_done, Clock::now());
+    if (batch->error) std::rethrow_exception(batch->error);
+    return;
+  }
   pool().post(batch, int(std::min<int64_t>(threads - 1, batch->chunks - 1)));
-  batch->work();
+  run_batch(batch.get());
   if (batch->done.load(std::memory_order_acquire) != batch->chunks) {
     std::unique_lock<std::mutex> lock(batch->mu);
     batch->finished.wait(lock, [&] { return batch->done.load(std::memory_order_acquire) == batch->chunks; });

@@ -231,3 +231,63 @@ def test_bf16_tiled_gemm(M, N, K, blocksize):
     diff = (outs[0].double() - ref.double()).abs()
     tol = matmul_tolerance(A, W32, ref) + 2 * torch.finfo(torch.bfloat16).eps * bias.double().abs()
     assert (diff <= tol).all(), f"max diff {diff.max().item()}"
+
+
+def _nested_weight(N, K, blocksize, seed=11):
+    W = randn((N, K), torch.float32, seed, spread=False)
+    q, absmax = REFERENCE["quantize_4bit"](W, blocksize, "nf4", torch.uint8)
+    dyn = bitsandbytes.functional.create_dynamic_map(signed=True).float()
+    offset = absmax.mean().reshape(1)
+    absmax_8bit, absmax2 = REFERENCE["quantize_blockwise"](absmax - offset, dyn, 256)
+    expanded = REFERENCE["dequantize_blockwise"](absmax_8bit, absmax2, dyn, 256, torch.float32) + offset
+    return q, absmax_8bit, absmax2, dyn, offset, expanded
+
+
+# The fused kernel expands double-quantized scales as its rows read them: bit-identical to the same
+# kernel on the scales expanded up front, at every ISA level and thread count; shapes with whole blocks
+# per row (the fast paths), blocks straddling rows (odd K) and blocks larger than a row.
+@pytest.mark.parametrize("level", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(1, 300, 256, 64), (3, 77, 100, 64), (1, 40, 64, 128)])
+def test_nested_scales_fused_in_the_kernel_are_bit_exact(level, dtype, M, N, K, blocksize):
+    q, absmax_8bit, absmax2, dyn, offset, expanded = _nested_weight(N, K, blocksize)
+    A = randn((M, K), dtype, seed=3, spread=False)
+    ops = torch.ops.bitsandbytes
+    with isa(level):
+        plain = ops.gemm_4bit(A, q, [N, K], expanded, blocksize, "nf4")
+        for n in (1, 2, 3):
+            with num_threads(n):
+                nested = {"absmax_8bit": absmax_8bit, "absmax_code": dyn, "absmax_offset": offset}
+                fused = ops.gemm_4bit(A, q, [N, K], absmax2, blocksize, "nf4", **nested)
+            assert torch.equal(fused, plain), f"{n} threads"
+
+
+def test_nested_arguments_are_checked_in_cxx():
+    q, absmax_8bit, absmax2, dyn, offset, _ = _nested_weight(8, 64, 64)
+    A, out = torch.zeros(1, 64), torch.empty(1, 8)
+    args = (A, q.view(-1), 1, 8, 64, absmax2, _formats.code_table("nf4", "cpu").float(), 64, None, out, 1)
+    _C.gemv_4bit(*args, absmax_8bit, dyn, offset)
+    with pytest.raises(ValueError, match="absmax_code and absmax_offset"):
+        _C.gemv_4bit(*args, absmax_8bit)
+    with pytest.raises(ValueError, match="absmax_8bit must have at least 8"):
+        _C.gemv_4bit(*args, absmax_8bit[:7], dyn, offset)
+    with pytest.raises(ValueError, match="absmax_code"):
+        _C.gemv_4bit(*args, absmax_8bit, dyn[:255], offset)
+
+
+# bf16 A on AVX2 (K % 64 == 0, blocksize >= 64) takes the vpshufb kernel: its K tails (K = 64, one chunk
+# after pairs), several rows of A and blocksizes above 64, against the reference, thread counts equal.
+@pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(1, 33, 64, 64), (2, 20, 192, 64), (4, 9, 640, 128)])
+def test_avx2_bf16_kernel(M, N, K, blocksize):
+    if "avx2" not in ISAS:
+        pytest.skip("no AVX2 here")
+    q, absmax, table, W32 = quantized(N, K, blocksize, seed=K)
+    A = randn((M, K), torch.bfloat16, seed=N, spread=False)
+    ref = REFERENCE["gemv_4bit"](A, q, [N, K], absmax, table, blocksize)
+    outs = []
+    with isa("avx2"):
+        for n in (1, 2, 3):
+            with num_threads(n):
+                outs.append(torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    check_close(outs[0], ref, A, W32, "avx2 bf16")

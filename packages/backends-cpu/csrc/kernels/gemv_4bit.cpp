@@ -178,6 +178,89 @@ void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, in
     res[r] = hsum256(s);
   }
 }
+
+#define BNB_GEMV_AVX2_BF16 1
+// bf16 A (K % 64 == 0, blocksize >= 64): the vpermps lookups above cost about 4 shuffles per 8 weights,
+// and that, not memory, bounds them. Here the 16 codes rounded to bf16 sit in two byte tables (low and
+// high bytes) that vpshufb reads 32 at a time; two byte unpacks give the bf16 words, and a shift or a
+// mask widens them to fp32: 4 shuffles per 32 weights. The table does not depend on the block: the
+// block's scale multiplies the chunk's partial sum instead (one FMA per 64 weights), so nothing is
+// rebuilt per block. Products bf16(code) * a are exact in fp32; the result differs from the reference
+// (which rounds code * absmax to bf16) by about one bf16 rounding per weight, inside its tolerance.
+// A is fp32, each chunk of 64 permuted to the order the weights come out in (kBf16Perm).
+struct Bf16Tables {
+  __m256i lo, hi;
+};
+
+inline Bf16Tables bf16_code_tables(const float* code) {
+  alignas(16) uint8_t lo[16], hi[16];
+  for (int i = 0; i < 16; ++i) {
+    const uint16_t h = float_to_bf16(code[i]);
+    lo[i] = uint8_t(h & 0xff);
+    hi[i] = uint8_t(h >> 8);
+  }
+  return {_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lo))),
+          _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(hi)))};
+}
+
+// Position p of a 64-chunk of A (register p / 8, lane element p % 8) holds the value at k = kBf16Perm[p].
+struct Bf16Perm {
+  int8_t k[64];
+  constexpr Bf16Perm() : k() {
+    for (int r = 0; r < 8; ++r)
+      for (int i = 0; i < 8; ++i) {
+        const int par = r / 4, u = (r / 2) % 2, odd = r % 2, lane = i / 4, d = i % 4;
+        k[r * 8 + i] = int8_t(2 * (16 * lane + 8 * u + 2 * d + odd) + par);
+      }
+  }
+};
+constexpr Bf16Perm kBf16Perm{};
+
+// The 64 weights of 32 packed bytes as fp32 (bf16 values), in kBf16Perm order.
+inline void decode64_bf16(const uint8_t* p, const Bf16Tables& t, __m256 (&w)[8]) {
+  const __m256i nib = _mm256_set1_epi8(0x0f), himask = _mm256_set1_epi32(int(0xffff0000u));
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i idx[2] = {_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), _mm256_and_si256(v, nib)};
+  for (int par = 0; par < 2; ++par) {
+    const __m256i L = _mm256_shuffle_epi8(t.lo, idx[par]), H = _mm256_shuffle_epi8(t.hi, idx[par]);
+    const __m256i u0 = _mm256_unpacklo_epi8(L, H), u1 = _mm256_unpackhi_epi8(L, H);
+    w[4 * par + 0] = _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16));
+    w[4 * par + 1] = _mm256_castsi256_ps(_mm256_and_si256(u0, himask));
+    w[4 * par + 2] = _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16));
+    w[4 * par + 3] = _mm256_castsi256_ps(_mm256_and_si256(u1, himask));
+  }
+}
+
+template <int R>
+inline void chunk_bf16_avx2(const uint8_t* row, int64_t k, const Bf16Tables& t, __m256 s, const float* a, int64_t lda,
+                            __m256 (&acc)[R]) {
+  __m256 w[8];
+  decode64_bf16(row + k / 2, t, w);
+  for (int r = 0; r < R; ++r) {
+    const float* ar = a + r * lda + k;
+    __m256 t0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(ar)), t1 = _mm256_mul_ps(w[1], _mm256_loadu_ps(ar + 8));
+    for (int j = 2; j < 8; j += 2) {
+      t0 = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(ar + 8 * j), t0);
+      t1 = _mm256_fmadd_ps(w[j + 1], _mm256_loadu_ps(ar + 8 * j + 8), t1);
+    }
+    acc[r] = _mm256_fmadd_ps(_mm256_add_ps(t0, t1), s, acc[r]);
+  }
+}
+
+template <int R>
+void row_bf16_avx2(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int shift, const Bf16Tables& t,
+                   const float* a, int64_t lda, float* res) {
+  const uint8_t* row = B + base / 2;
+  __m256 acc0[R], acc1[R];  // even and odd chunks: two dependency chains
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128) {
+    chunk_bf16_avx2<R>(row, k, t, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
+    chunk_bf16_avx2<R>(row, k + 64, t, _mm256_broadcast_ss(absmax + ((base + k + 64) >> shift)), a, lda, acc1);
+  }
+  if (k < K) chunk_bf16_avx2<R>(row, k, t, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
+  for (int r = 0; r < R; ++r) res[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+}
 #else
 template <int R>
 void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
@@ -534,10 +617,28 @@ void dequant_segment(const uint8_t* B, const float* tab, int64_t f, int64_t fend
   for (; f < fend; ++f) one(f);
 }
 
+inline float nested_scale(const float* absmax2, const NestedAbsmax& nested, int64_t b) {
+  const float v = nested.code[nested.q[b]] * absmax2[b / BNB_DOUBLE_QUANT_BLOCKSIZE];
+  return v + nested.offset;  // two roundings, as expand_nested_absmax and the reference
+}
+
+// The fp32 scales that rows [n0, n1) read: absmax itself, or (double quantization) their blocks expanded
+// into buf, at most a few KiB per chunk of rows and still in L1 when the rows read them: no separate
+// pass over all scales. The pointer returned is indexed with absolute block numbers (buf is offset).
+inline const float* row_scales(const float* absmax, const NestedAbsmax* nested, int64_t n0, int64_t n1, int64_t K,
+                               int64_t blocksize, std::vector<float>& buf) {
+  if (!nested) return absmax;
+  const int64_t b0 = n0 * K / blocksize, b1 = (n1 * K + blocksize - 1) / blocksize;
+  buf.resize(size_t(std::max<int64_t>(b1 - b0, 1)));
+  for (int64_t b = b0; b < b1; ++b) buf[size_t(b - b0)] = nested_scale(absmax, *nested, b);
+  return buf.data() - b0;
+}
+
 }  // namespace
 
-void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax,
-               const float* code, int64_t blocksize, const void* bias, void* out, int threads) {
+void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax_in,
+               const NestedAbsmax* nested, const float* code, int64_t blocksize, const void* bias, void* out,
+               int threads) {
   if (M <= 0 || N <= 0) return;
   const bool fast = kChunk > 0 && K % (kChunk > 0 ? kChunk : 1) == 0;
 #if defined(BNB_GEMV_BF16_DOT)
@@ -546,6 +647,8 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
     if (M > bf16_tile_min_rows) {
       // Rows of A per pass over the weights: that block of A stays in L2 while every weight tile is
       // multiplied into it; the weight is decoded once per block.
+      std::vector<float> all_scales;
+      const float* absmax = row_scales(absmax_in, nested, 0, N, K, blocksize, all_scales);
       std::vector<uint16_t> apack(size_t(M * K));
       pack_A_tiles(static_cast<const uint16_t*>(A), M, K, apack.data(), threads);
       gemm_tiles_bf16(apack.data(), M, N, K, B, absmax, blocksize, code, static_cast<const uint16_t*>(bias),
@@ -565,6 +668,8 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
     const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
     parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
       float res[kMaxRows];
+      std::vector<float> sbuf;
+      const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
       if (M == 1) {
         // Row pairs from n0: which pair a row falls in depends on n0, but each row's sum is computed
         // the same way in row_pair_bf16 and row_bf16<1> (same steps, same accumulator split).
@@ -601,6 +706,49 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
     return;
   }
 #endif
+#if defined(BNB_GEMV_AVX2_BF16)
+  if (dtype == DType::bf16 && K > 0 && K % 64 == 0 && blocksize >= 64) {
+    std::vector<float> abuf(size_t(M * K));
+    const uint16_t* x = static_cast<const uint16_t*>(A);
+    for (int64_t c = 0; c < M * K; c += 64)
+      for (int p = 0; p < 64; ++p) abuf[size_t(c + p)] = bf16_to_float(x[c + kBf16Perm.k[p]]);
+    int shift = 0;
+    while ((int64_t(1) << shift) < blocksize) ++shift;
+    const Bf16Tables tabs = bf16_code_tables(code);
+    const uint16_t* bias_t = static_cast<const uint16_t*>(bias);
+    uint16_t* y = static_cast<uint16_t*>(out);
+    const float* a = abuf.data();
+    const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
+    parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+      float res[kMaxRows];
+      std::vector<float> sbuf;
+      const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
+      for (int64_t n = n0; n < n1; ++n) {
+        const float bn = bias_t ? bf16_to_float(bias_t[n]) : 0.0f;
+        for (int64_t m = 0; m < M; m += kMaxRows) {
+          const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+          const float* am = a + m * K;
+          switch (R) {
+            case 1:
+              row_bf16_avx2<1>(B, n * K, K, absmax, shift, tabs, am, K, res);
+              break;
+            case 2:
+              row_bf16_avx2<2>(B, n * K, K, absmax, shift, tabs, am, K, res);
+              break;
+            case 3:
+              row_bf16_avx2<3>(B, n * K, K, absmax, shift, tabs, am, K, res);
+              break;
+            default:
+              row_bf16_avx2<4>(B, n * K, K, absmax, shift, tabs, am, K, res);
+              break;
+          }
+          for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);
+        }
+      }
+    });
+    return;
+  }
+#endif
   std::vector<float> abuf(size_t(M * K));
   visit_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
@@ -613,6 +761,8 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K * std::min<int64_t>(M, kMaxRows), 1));
     parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
       float res[kMaxRows];
+      std::vector<float> sbuf;
+      const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
       for (int64_t n = n0; n < n1; ++n) {
         const float bn = bias_t ? Elem<D>::load(bias_t[n]) : 0.0f;
         for (int64_t m = 0; m < M; m += kMaxRows) {
@@ -675,10 +825,8 @@ void dequantize_4bit_range(const uint8_t* B, const float* absmax, const float* c
 void expand_nested_absmax(const uint8_t* q, const float* absmax2, const float* code8, float offset, int64_t n,
                           float* out, int threads) {
   parallel_for(n, 1 << 15, threads, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      const float v = code8[q[j]] * absmax2[j / BNB_DOUBLE_QUANT_BLOCKSIZE];
-      out[j] = v + offset;
-    }
+    const NestedAbsmax nested{q, code8, offset};
+    for (int64_t j = j0; j < j1; ++j) out[j] = nested_scale(absmax2, nested, j);
   });
 }
 

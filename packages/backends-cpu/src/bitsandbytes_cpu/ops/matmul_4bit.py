@@ -67,8 +67,9 @@ def _bf16_tiles(K: int, blocksize: int) -> bool:
     return K % 64 == 0 and blocksize >= 64 and _C.gemv_4bit_bf16_dot()
 
 
-def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
-    """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation."""
+def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) -> None:
+    """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation. ``nested``: the double
+    quantization's (absmax_8bit, absmax_code, absmax_offset), absmax then being its absmax2."""
     M = A.numel() // K if K else out.numel() // max(N, 1)
     if M == 0 or N == 0:
         return
@@ -82,8 +83,11 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out) -> None:
     if M <= FUSED_MAX_ROWS.get(A.dtype, 8) or (
         A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)
     ):
-        _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads())
+        # Nested scales are expanded inside the kernel as its rows read them (no separate pass).
+        _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads(), *(nested or ()))
         return
+    if nested is not None:
+        absmax = _effective_absmax(absmax, *nested)
     gdt = GEMM_DTYPE[A.dtype]
     A2 = A.reshape(M, K).to(gdt)
     bias2 = None if bias is None else bias.to(gdt)
@@ -133,9 +137,15 @@ def gemm_4bit(
     A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None, absmax_code=None, absmax_offset=None
 ) -> torch.Tensor:
     N, K = check_gemm_4bit(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code, absmax_offset)
-    scales = _effective_absmax(absmax, absmax_8bit, absmax_code, absmax_offset)
+    nested = None
+    if absmax_8bit is not None:
+        nested = (
+            absmax_8bit.contiguous().reshape(-1),
+            absmax_code.contiguous(),
+            absmax_offset.float().contiguous().reshape(-1),  # the contract allows fp16/bf16; the kernel reads fp32
+        )
     out = torch.empty((*A.shape[:-1], N), dtype=A.dtype)
-    _matmul_into(A, B, N, K, scales, _table(quant_type), blocksize, bias, out)
+    _matmul_into(A, B, N, K, absmax, _table(quant_type), blocksize, bias, out, nested)
     return out
 
 
