@@ -105,8 +105,12 @@ void step_math(const OptStep& c, float scale, const float* __restrict g, float* 
       float gr = g[i], gi = gr * gnorm, p0 = p[i], s0 = s1[i];
       float pd = WD ? p0 * c.decay_factor : p0;
       float d = c.beta1 * s0 + c.one_minus_beta1 * gi;
-      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0).
-      float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : (d != d ? d : 0.0f));
+      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0): +-1 or +0 from
+      // the bits, integer selects only, so the loop vectorizes (branches on the sign mispredict).
+      uint32_t db = float_to_bits(d), mag = db & 0x7fffffffu;
+      uint32_t nonzero = 0u - uint32_t(mag != 0u), nan = 0u - uint32_t(mag > 0x7f800000u);
+      uint32_t unit = nonzero & ((db & 0x80000000u) | 0x3f800000u);
+      float sg = bits_to_float((nan & db) | (~nan & unit));
       float pn = pd - scaled_lr * sg;
       float s = c.beta2 * s0 + c.one_minus_beta2 * gi;
       bool keep = SKIP && gr == 0.0f;
