@@ -274,19 +274,6 @@ float absmax_of(const float* __restrict x, int64_t len) {
   return nan ? NAN : m;
 }
 
-// Value-sorted slot of a scaled value s in [-1, 1] (or NaN): the number of midpoints below s.
-inline int slot_of(const NearestCode& map, float s) {
-  if (s != s) return 255;
-  uint32_t bits = float_to_bits(s), abs = bits & 0x7fffffffu;
-  uint32_t low_mask = (1u << map.shift) - 1, flip = (bits >> 31) ? low_mask : 0u;
-  uint32_t key = ((abs > map.floor_bits ? abs : map.floor_bits) - map.floor_bits) >> map.shift;
-  uint32_t e = map.entry[key + (flip ? map.keys : 0)];
-  int slot = int(e & 0xffu) + ((e >> (32 - map.shift)) < ((bits & low_mask) ^ flip));
-  if (e & 0x100u)
-    while (map.mids[slot] < s) ++slot;  // mids[255] is +inf
-  return slot;
-}
-
 // Codes of a block whose absmax is `absmax` (the reference's block_absmax_and_scale + nearest_code).
 void quantize_block(const float* __restrict x, int64_t len, float absmax, const NearestCode& map,
                     const search8::Tables* tables, uint8_t* __restrict out) {
@@ -332,52 +319,26 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, const 
   }
 #elif defined(BNB_ISA_AVX2)
   {
+    const search8::Keyed keyed(map);
     const __m256 inv = _mm256_set1_ps(scale.inv), clamped = _mm256_set1_ps(scale.clamped);
     const __m256 lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(1.0f);
-    const __m256i abs_bits = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32(int(map.floor_bits));
-    const __m256i neg_keys = _mm256_set1_epi32(map.keys), low_mask = _mm256_set1_epi32((1 << map.shift) - 1);
-    const __m128i shift = _mm_cvtsi32_si128(map.shift), threshold_shift = _mm_cvtsi32_si128(32 - map.shift);
-    const __m256i flag = _mm256_set1_epi32(0x100), byte = _mm256_set1_epi32(0xff), last = _mm256_set1_epi32(255);
     // Low byte of each 32-bit lane to the front of its 128-bit half, then both halves' first 4 bytes together.
     const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                           0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
-    const uint32_t* entry = map.entry;
-    const float* mids = map.mids;
     const int32_t* order = map.order;
-    const bool full = scale.full, flagged = map.flagged, identity = map.identity;
-    const int width = map.width;
+    const bool full = scale.full, identity = map.identity;
     for (; i + 8 <= len; i += 8) {
       __m256 v = _mm256_loadu_ps(x + i);
       __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
-      s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
-      __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
-      __m256i bits = _mm256_castps_si256(s);
-      __m256i neg = _mm256_srai_epi32(bits, 31);
-      __m256i key =
-          _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
-      key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
-      __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(entry), key, 4);
-      __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
-      // Both sides are below 2^23, so a signed comparison is exact; true is all ones (-1): subtracting steps.
-      __m256i slot = _mm256_and_si256(e, byte);
-      slot = _mm256_sub_epi32(slot, _mm256_cmpgt_epi32(low, _mm256_srl_epi32(e, threshold_shift)));
-      if (flagged) {
-        __m256i more = _mm256_and_si256(ok, _mm256_cmpeq_epi32(_mm256_and_si256(e, flag), flag));
-        for (int k = 0; !_mm256_testz_si256(more, more) && k < width; ++k) {
-          __m256 mid = _mm256_mask_i32gather_ps(s, mids, slot, _mm256_castsi256_ps(more), 4);
-          more = _mm256_and_si256(more, _mm256_castps_si256(_mm256_cmp_ps(mid, s, _CMP_LT_OQ)));
-          slot = _mm256_sub_epi32(slot, more);
-        }
-      }
-      slot = _mm256_blendv_epi8(last, slot, ok);
+      __m256i slot = keyed.slot(_mm256_min_ps(hi, _mm256_max_ps(lo, s)));
       if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
       __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
     }
   }
 #endif
-  for (; i < len; ++i) out[i] = uint8_t(map.order[slot_of(map, scale(x[i]))]);
+  for (; i < len; ++i) out[i] = uint8_t(map.order[search8::keyed_slot(map, scale(x[i]))]);
 }
 
 // Dequantized state of one block; `codes`/`absmax`/`qmap`/`map` describe its storage.
