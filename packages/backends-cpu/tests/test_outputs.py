@@ -96,3 +96,10 @@ def test_cache_stays_within_its_bound(monkeypatch):
     del held
     again = [_dequantize(q, a) for _ in range(2)]
     assert {t.data_ptr() for t in again} <= {b.data_ptr() for b in _outputs._buffers.values()}
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "1.5"])
+def test_bad_cache_size_names_the_variable(monkeypatch, text):
+    monkeypatch.setenv("BNB_CPU_OUTPUT_CACHE_MB", text)
+    with pytest.raises(ValueError, match="BNB_CPU_OUTPUT_CACHE_MB must be a whole number"):
+        _outputs._cache_mb()

@@ -20,7 +20,20 @@ from collections import OrderedDict
 import torch
 
 MIN_BYTES = 4 << 20  # smaller tensors come from the allocator's free lists, already mapped
-CACHE_BYTES = int(os.environ.get("BNB_CPU_OUTPUT_CACHE_MB", "256")) << 20  # 0 turns reuse off
+
+
+def _cache_mb() -> int:
+    text = os.environ.get("BNB_CPU_OUTPUT_CACHE_MB", "256")
+    try:
+        mb = int(text)
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise ValueError(f"BNB_CPU_OUTPUT_CACHE_MB must be a whole number of MiB >= 0 (0: no reuse); got {text!r}")
+    return mb
+
+
+CACHE_BYTES = _cache_mb() << 20  # 0 turns reuse off
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _lock = threading.Lock()
