@@ -125,10 +125,7 @@ void dequantize_block(const uint8_t* A, float scale, const float* code, int64_t 
   }
 #elif defined(BNB_ISA_AVX2)
   const __m256 s = _mm256_set1_ps(scale);
-  for (; i + 8 <= len; i += 8) {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(A + i)));
-    store8<D>(out + i, _mm256_mul_ps(_mm256_i32gather_ps(code, idx, 4), s));
-  }
+  for (; i + 8 <= len; i += 8) store8<D>(out + i, _mm256_mul_ps(search8::lookup8_codes(code, A + i), s));
 #endif
   for (; i < len; ++i) out[i] = Elem<D>::store(code[A[i]] * scale);
 }

@@ -230,10 +230,7 @@ void dequantize_block(const uint8_t* __restrict q, int64_t len, const float* __r
   }
 #elif defined(BNB_ISA_AVX2)
   const __m256 vs = _mm256_set1_ps(scale);
-  for (; i + 8 <= len; i += 8) {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(qmap, idx, 4), vs));
-  }
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(search8::lookup8_codes(qmap, q + i), vs));
 #endif
   for (; i < len; ++i) out[i] = qmap[q[i]] * scale;
 }
@@ -254,17 +251,18 @@ float absmax_of(const float* __restrict x, int64_t len) {
   m = _mm512_reduce_max_ps(acc);
   nan = bad != 0;
 #elif defined(BNB_ISA_AVX2)
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 acc = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-  for (; i + 8 <= len; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    acc = _mm256_max_ps(_mm256_and_ps(v, abs_mask), acc);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  for (float l : lanes) m = l > m ? l : m;
-  nan = _mm256_movemask_ps(bad) != 0;
+  // The magnitude bits order like |x| and every NaN's sort above inf's: one integer max per vector.
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i acc = _mm256_setzero_si256();
+  for (; i + 8 <= len; i += 8)
+    acc =
+        _mm256_max_epu32(acc, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask));
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = l > top ? l : top;
+  nan = top > 0x7f800000u;
+  m = nan ? 0.0f : bits_to_float(top);
 #endif
   for (; i < len; ++i) {
     float v = std::fabs(x[i]);

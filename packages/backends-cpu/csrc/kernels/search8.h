@@ -123,8 +123,30 @@ inline int keyed_slot(const NearestCode& map, float s) {
 }
 
 #if defined(BNB_ISA_AVX2)
-// keyed_slot for 8 values: one gather of the entries (Zen 3 runs a gather in about 8 cycles, the
-// 8-step search's three gathers and five permute steps in several times that).
+// Table lookups of 8 lanes by scalar loads: on Zen 3 a vpgatherdd of 8 takes about twice as long as 8
+// scalar loads put together with inserts (measured: 1.3 vs 0.65 cycles per element for a 256-entry
+// float table, 1.8 vs 1.2 for the key table), and the loads run beside the vector work.
+inline __m256i lookup8(const uint32_t* table, __m256i idx) {
+  __m128i lo = _mm256_castsi256_si128(idx), hi = _mm256_extracti128_si256(idx, 1);
+  uint64_t a = uint64_t(_mm_cvtsi128_si64(lo)), b = uint64_t(_mm_extract_epi64(lo, 1));
+  uint64_t c = uint64_t(_mm_cvtsi128_si64(hi)), d = uint64_t(_mm_extract_epi64(hi, 1));
+  __m128i x =
+      _mm_setr_epi32(int(table[uint32_t(a)]), int(table[a >> 32]), int(table[uint32_t(b)]), int(table[b >> 32]));
+  __m128i y =
+      _mm_setr_epi32(int(table[uint32_t(c)]), int(table[c >> 32]), int(table[uint32_t(d)]), int(table[d >> 32]));
+  return _mm256_set_m128i(y, x);
+}
+
+// table[q[0..8)] for a 256-entry table and 8 code bytes.
+inline __m256 lookup8_codes(const float* table, const uint8_t* q) {
+  uint64_t w;
+  std::memcpy(&w, q, 8);
+  __m128 x = _mm_setr_ps(table[w & 255], table[(w >> 8) & 255], table[(w >> 16) & 255], table[(w >> 24) & 255]);
+  __m128 y = _mm_setr_ps(table[(w >> 32) & 255], table[(w >> 40) & 255], table[(w >> 48) & 255], table[w >> 56]);
+  return _mm256_set_m128(y, x);
+}
+
+// keyed_slot for 8 values.
 struct Keyed {
   const NearestCode& map;
   __m256i abs_bits, floor, neg_keys, low_mask, flag, byte, last;
@@ -147,7 +169,7 @@ struct Keyed {
     __m256i key =
         _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
     key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
-    __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(map.entry), key, 4);
+    __m256i e = lookup8(map.entry, key);
     __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
     // Both sides are below 2^23, so a signed comparison is exact; true is all ones (-1): subtracting steps.
     __m256i j = _mm256_and_si256(e, byte);
