@@ -213,6 +213,21 @@ def cases(quick: bool) -> list[Case]:
             dense="torch.optim.AdamW(fused=True).step()",
         )
     )
+    # The other 8-bit optimizers' steps, against the same fused AdamW (PagedAdamW8bit runs the adam row's
+    # kernel on the cpu, which has no paged memory). Lion keeps one state, AdEMAMix three.
+    for name, state_bytes in (("lion", 2), ("ademamix", 6)):
+        out.append(
+            Case(
+                f"optim8bit/{name}/{N}x{K}",
+                "optimizer_update_8bit_blockwise",
+                f"8-bit {name} step (optimizer_update_8bit_blockwise {name}, fp32 param)",
+                "op",
+                N,
+                K,
+                bytes=12 * n + state_bytes * n + 8 * (state_bytes // 2) * ceil(n / OPTIMIZER_BLOCKSIZE),
+                dense="torch.optim.AdamW(fused=True).step()",
+            )
+        )
     return out
 
 
@@ -445,15 +460,17 @@ def inputs(case: Case) -> dict[str, object]:
         return {}
     if kind == "int8_linear_matmul":
         return {"A": int8_matrix(M, K, "a"), "B": int8_matrix(N, K, "b")}
-    if kind == "adam8bit":
+    if kind in ("adam8bit", "optim8bit"):
         n = N * K
         blocks = ceil(n / OPTIMIZER_BLOCKSIZE)
+        ema = 2 if case.id.startswith("optim8bit/ademamix/") else 1  # ademamix: two EMAs in state1
         return {
             "p": weight(N, K, torch.float32, "p"),
             "g": weight(N, K, torch.float32, "g") * 1e-2,
-            "state1": torch.zeros(N, K, dtype=torch.uint8),
+            # Shaped as upstream's optimizers make them (its kernels check the shapes).
+            "state1": torch.zeros((ema, N, K) if ema == 2 else (N, K), dtype=torch.uint8),
             "state2": torch.zeros(N, K, dtype=torch.uint8),
-            "absmax1": torch.zeros(blocks),
+            "absmax1": torch.zeros((ema, blocks) if ema == 2 else blocks),
             "absmax2": torch.zeros(blocks),
         }
     raise KeyError(case.id)
@@ -462,30 +479,37 @@ def inputs(case: Case) -> dict[str, object]:
 ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "lr": 1e-3, "weight_decay": 0.0}
 
 
-def adam8bit_step(op, qmap1: torch.Tensor, qmap2: torch.Tensor, t: dict) -> Callable[[], None]:
-    """One call of ``optimizer_update_8bit_blockwise("adam", ...)`` per round, the step count rising."""
+def optimizer_name(case_id: str) -> str:
+    """The optimizer an ``adam8bit/`` or ``optim8bit/<name>/`` case steps."""
+    return "adam" if case_id.startswith("adam8bit/") else case_id.split("/")[1]
+
+
+def adam8bit_step(op, qmap1: torch.Tensor, qmap2: torch.Tensor, t: dict, name: str = "adam") -> Callable[[], None]:
+    """One call of ``optimizer_update_8bit_blockwise(name, ...)`` per round, the step count rising
+    (ademamix with upstream's default beta3 0.9999 and alpha 5)."""
     step = [0]
     a = ADAM
+    two = name in ("adam", "ademamix")
 
     def run() -> None:
         step[0] += 1
         op(
-            "adam",
+            name,
             t["g"],
             t["p"],
             t["state1"],
-            t["state2"],
+            t["state2"] if two else None,
             a["beta1"],
             a["beta2"],
-            0.0,
-            0.0,
+            0.9999 if name == "ademamix" else 0.0,
+            5.0 if name == "ademamix" else 0.0,
             a["eps"],
             step[0],
             a["lr"],
             qmap1,
-            qmap2,
+            qmap2 if two else None,
             t["absmax1"],
-            t["absmax2"],
+            t["absmax2"] if two else None,
             a["weight_decay"],
             1.0,
             False,

@@ -171,6 +171,14 @@ TARGETS = (
         "x",
         "dense",
     ),
+    Target(
+        "Lion8bit and AdEMAMix8bit steps, 4096x4096 fp32: no slower than torch.optim.AdamW(fused=True)",
+        "optim8bit/",
+        lambda c, bw: ratio(c, "dense"),
+        1,
+        "x",
+        "dense",
+    ),
 )
 
 

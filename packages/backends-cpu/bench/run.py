@@ -242,12 +242,13 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
         add("ours", lambda: ops.int8_linear_matmul(A, B))
         add("reference", lambda: R["int8_linear_matmul"](A, B))
         add("dense", lambda: TF.linear(x, dense_w))
-    elif kind == "adam8bit":
+    elif kind in ("adam8bit", "optim8bit"):
         qmap1, qmap2 = F.create_dynamic_map(signed=True), F.create_dynamic_map(signed=False)
-        add("ours", common.adam8bit_step(ops.optimizer_update_8bit_blockwise, qmap1, qmap2, t))
+        name = common.optimizer_name(case.id)
+        add("ours", common.adam8bit_step(ops.optimizer_update_8bit_blockwise, qmap1, qmap2, t, name))
         # The reference updates its own copy of the state, so ours keeps stepping on its own.
         ref_t = {k: v.clone() for k, v in t.items()}
-        add("reference", common.adam8bit_step(R["optimizer_update_8bit_blockwise"], qmap1, qmap2, ref_t))
+        add("reference", common.adam8bit_step(R["optimizer_update_8bit_blockwise"], qmap1, qmap2, ref_t, name))
         p = torch.nn.Parameter(t["p"].clone())
         p.grad = t["g"].clone()
         a = common.ADAM

@@ -206,12 +206,13 @@ def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
 
         def fn():
             return ops.int8_linear_matmul(A, B)
-    elif kind == "adam8bit":
+    elif kind in ("adam8bit", "optim8bit"):
         fn = common.adam8bit_step(
             ops.optimizer_update_8bit_blockwise,
             F.create_dynamic_map(signed=True),
             F.create_dynamic_map(signed=False),
             t,
+            common.optimizer_name(case.id),
         )
     else:
         raise KeyError(case.id)

@@ -8,12 +8,6 @@ namespace BNB_ISA_NS {
 
 namespace {
 
-inline bool is_identity(const uint8_t* order) {
-  for (int i = 0; i < 256; ++i)
-    if (order[i] != i) return false;
-  return true;
-}
-
 #if defined(BNB_ISA_AVX512)
 // N vectors of 16 values starting at x + i -> their slots at o + i.
 template <DType D, bool Full, int N>
@@ -60,7 +54,7 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
 
 #elif defined(BNB_ISA_AVX2)
 template <DType D, bool Full>
-int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Search& q,
+int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Keyed& q,
                       uint8_t* o) {
   const __m256 one = _mm256_set1_ps(1.0f), minus_one = _mm256_set1_ps(-1.0f);
   int64_t i = 0;
@@ -82,10 +76,14 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
 #endif
 
 template <DType D>
-void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tables& t, const uint8_t* order,
-                     bool identity, int64_t blocksize, uint8_t* out, float* absmax, int64_t b0, int64_t b1) {
-#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tables& t, const NearestCode& map,
+                     int64_t blocksize, uint8_t* out, float* absmax, int64_t b0, int64_t b1) {
+#if defined(BNB_ISA_AVX512)
   const search8::Search q(t);
+#elif defined(BNB_ISA_AVX2)
+  const search8::Keyed q(map);
+#else
+  (void)t;
 #endif
   auto body = [&](auto full, int64_t first, int64_t len, const float* fac, int shift) {
     constexpr bool Full = decltype(full)::value;
@@ -95,15 +93,11 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tab
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
     i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
 #endif
-    for (; i + 8 <= len; i += 8) {
-      float s[8];
-      for (int v = 0; v < 8; ++v) s[v] = scale_value<Full>(Elem<D>::load(x[i + v]), fac[(i + v) >> shift]);
-      search8::slots8(t, s, o + i);
-    }
-    for (; i < len; ++i) o[i] = uint8_t(search8::slot(t, scale_value<Full>(Elem<D>::load(x[i]), fac[i >> shift])));
+    for (; i < len; ++i)
+      o[i] = uint8_t(search8::keyed_slot(map, scale_value<Full>(Elem<D>::load(x[i]), fac[i >> shift])));
     // Slot -> code (a map that is not sorted by value; the maps bitsandbytes builds all are).
-    if (!identity)
-      for (int64_t k = 0; k < len; ++k) o[k] = order[o[k]];
+    if (!map.identity)
+      for (int64_t k = 0; k < len; ++k) o[k] = uint8_t(map.order[o[k]]);
   };
   scale_blocks<D>(A, n, blocksize, absmax, b0, b1, body);
 }
@@ -131,27 +125,23 @@ void dequantize_block(const uint8_t* A, float scale, const float* code, int64_t 
   }
 #elif defined(BNB_ISA_AVX2)
   const __m256 s = _mm256_set1_ps(scale);
-  for (; i + 8 <= len; i += 8) {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(A + i)));
-    store8<D>(out + i, _mm256_mul_ps(_mm256_i32gather_ps(code, idx, 4), s));
-  }
+  for (; i + 8 <= len; i += 8) store8<D>(out + i, _mm256_mul_ps(search8::lookup8_codes(code, A + i), s));
 #endif
   for (; i < len; ++i) out[i] = Elem<D>::store(code[A[i]] * scale);
 }
 
 }  // namespace
 
-void quantize_blockwise(const void* A, DType dtype, int64_t n, const float* mids, const uint8_t* order,
-                        int64_t blocksize, uint8_t* out, float* absmax, int threads) {
+void quantize_blockwise(const void* A, DType dtype, int64_t n, const NearestCode& map, int64_t blocksize, uint8_t* out,
+                        float* absmax, int threads) {
   if (n <= 0) return;
   int64_t blocks = (n + blocksize - 1) / blocksize;
-  const search8::Tables tables(mids);
-  const bool identity = is_identity(order);
+  const search8::Tables tables(map.mids);
   visit_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* x = static_cast<const typename Elem<D>::T*>(A);
     parallel_for(blocks, (1 << 16) / blocksize + 1, threads, [&](int64_t b0, int64_t b1) {
-      quantize_blocks<D>(x, n, tables, order, identity, blocksize, out, absmax, b0, b1);
+      quantize_blocks<D>(x, n, tables, map, blocksize, out, absmax, b0, b1);
     });
   });
 }

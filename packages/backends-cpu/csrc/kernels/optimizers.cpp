@@ -105,8 +105,12 @@ void step_math(const OptStep& c, float scale, const float* __restrict g, float* 
       float gr = g[i], gi = gr * gnorm, p0 = p[i], s0 = s1[i];
       float pd = WD ? p0 * c.decay_factor : p0;
       float d = c.beta1 * s0 + c.one_minus_beta1 * gi;
-      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0).
-      float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : (d != d ? d : 0.0f));
+      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0): +-1 or +0 from
+      // the bits, integer selects only, so the loop vectorizes (branches on the sign mispredict).
+      uint32_t db = float_to_bits(d), mag = db & 0x7fffffffu;
+      uint32_t nonzero = 0u - uint32_t(mag != 0u), nan = 0u - uint32_t(mag > 0x7f800000u);
+      uint32_t unit = nonzero & ((db & 0x80000000u) | 0x3f800000u);
+      float sg = bits_to_float((nan & db) | (~nan & unit));
       float pn = pd - scaled_lr * sg;
       float s = c.beta2 * s0 + c.one_minus_beta2 * gi;
       bool keep = SKIP && gr == 0.0f;
@@ -226,19 +230,18 @@ void dequantize_block(const uint8_t* __restrict q, int64_t len, const float* __r
   }
 #elif defined(BNB_ISA_AVX2)
   const __m256 vs = _mm256_set1_ps(scale);
-  for (; i + 8 <= len; i += 8) {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(qmap, idx, 4), vs));
-  }
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(search8::lookup8_codes(qmap, q + i), vs));
 #endif
   for (; i < len; ++i) out[i] = qmap[q[i]] * scale;
 }
 
-// Largest |x| (0 for an all-zero run), NaN if any x is NaN: block_absmax's result, vectorized.
-float absmax_of(const float* __restrict x, int64_t len) {
+// Largest |x| (0 for an all-zero run), NaN if any x is NaN: block_absmax's result, vectorized. *signs:
+// whether some x may carry the sign bit (exact at AVX2, always true elsewhere).
+float absmax_of(const float* __restrict x, int64_t len, bool* signs) {
   int64_t i = 0;
   float m = 0.0f;
   bool nan = false;
+  *signs = true;
 #if defined(BNB_ISA_AVX512)
   __m512 acc = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -250,17 +253,23 @@ float absmax_of(const float* __restrict x, int64_t len) {
   m = _mm512_reduce_max_ps(acc);
   nan = bad != 0;
 #elif defined(BNB_ISA_AVX2)
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 acc = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  // The magnitude bits order like |x| and every NaN's sort above inf's: one integer max per vector.
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i acc = _mm256_setzero_si256(), any = acc;
   for (; i + 8 <= len; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    acc = _mm256_max_ps(_mm256_and_ps(v, abs_mask), acc);
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    acc = _mm256_max_epu32(acc, _mm256_and_si256(v, abs_mask));
+    any = _mm256_or_si256(any, v);
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  for (float l : lanes) m = l > m ? l : m;
-  nan = _mm256_movemask_ps(bad) != 0;
+  bool tail_signs = false;
+  for (int64_t k = i; k < len; ++k) tail_signs |= std::signbit(x[k]);
+  *signs = _mm256_movemask_ps(_mm256_castsi256_ps(any)) != 0 || tail_signs;
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = l > top ? l : top;
+  nan = top > 0x7f800000u;
+  m = nan ? 0.0f : bits_to_float(top);
 #endif
   for (; i < len; ++i) {
     float v = std::fabs(x[i]);
@@ -270,22 +279,10 @@ float absmax_of(const float* __restrict x, int64_t len) {
   return nan ? NAN : m;
 }
 
-// Value-sorted slot of a scaled value s in [-1, 1] (or NaN): the number of midpoints below s.
-inline int slot_of(const NearestCode& map, float s) {
-  if (s != s) return 255;
-  uint32_t bits = float_to_bits(s), abs = bits & 0x7fffffffu;
-  uint32_t low_mask = (1u << map.shift) - 1, flip = (bits >> 31) ? low_mask : 0u;
-  uint32_t key = ((abs > map.floor_bits ? abs : map.floor_bits) - map.floor_bits) >> map.shift;
-  uint32_t e = map.entry[key + (flip ? map.keys : 0)];
-  int slot = int(e & 0xffu) + ((e >> (32 - map.shift)) < ((bits & low_mask) ^ flip));
-  if (e & 0x100u)
-    while (map.mids[slot] < s) ++slot;  // mids[255] is +inf
-  return slot;
-}
-
 // Codes of a block whose absmax is `absmax` (the reference's block_absmax_and_scale + nearest_code).
-void quantize_block(const float* __restrict x, int64_t len, float absmax, const NearestCode& map,
+void quantize_block(const float* __restrict x, int64_t len, float absmax, bool signs, const NearestCode& map,
                     const search8::Tables* tables, uint8_t* __restrict out) {
+  (void)signs;  // used by the AVX2 level only
   BlockScaler scale(absmax, len == kBlock);
   int64_t i = 0;
 #if defined(BNB_ISA_AVX512)
@@ -328,52 +325,36 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, const 
   }
 #elif defined(BNB_ISA_AVX2)
   {
+    const search8::Keyed keyed(map);
     const __m256 inv = _mm256_set1_ps(scale.inv), clamped = _mm256_set1_ps(scale.clamped);
     const __m256 lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(1.0f);
-    const __m256i abs_bits = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32(int(map.floor_bits));
-    const __m256i neg_keys = _mm256_set1_epi32(map.keys), low_mask = _mm256_set1_epi32((1 << map.shift) - 1);
-    const __m128i shift = _mm_cvtsi32_si128(map.shift), threshold_shift = _mm_cvtsi32_si128(32 - map.shift);
-    const __m256i flag = _mm256_set1_epi32(0x100), byte = _mm256_set1_epi32(0xff), last = _mm256_set1_epi32(255);
     // Low byte of each 32-bit lane to the front of its 128-bit half, then both halves' first 4 bytes together.
     const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                           0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
-    const uint32_t* entry = map.entry;
-    const float* mids = map.mids;
     const int32_t* order = map.order;
-    const bool full = scale.full, flagged = map.flagged, identity = map.identity;
-    const int width = map.width;
-    for (; i + 8 <= len; i += 8) {
-      __m256 v = _mm256_loadu_ps(x + i);
-      __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
-      s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
-      __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
-      __m256i bits = _mm256_castps_si256(s);
-      __m256i neg = _mm256_srai_epi32(bits, 31);
-      __m256i key =
-          _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
-      key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
-      __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(entry), key, 4);
-      __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
-      // Both sides are below 2^23, so a signed comparison is exact; true is all ones (-1): subtracting steps.
-      __m256i slot = _mm256_and_si256(e, byte);
-      slot = _mm256_sub_epi32(slot, _mm256_cmpgt_epi32(low, _mm256_srl_epi32(e, threshold_shift)));
-      if (flagged) {
-        __m256i more = _mm256_and_si256(ok, _mm256_cmpeq_epi32(_mm256_and_si256(e, flag), flag));
-        for (int k = 0; !_mm256_testz_si256(more, more) && k < width; ++k) {
-          __m256 mid = _mm256_mask_i32gather_ps(s, mids, slot, _mm256_castsi256_ps(more), 4);
-          more = _mm256_and_si256(more, _mm256_castps_si256(_mm256_cmp_ps(mid, s, _CMP_LT_OQ)));
-          slot = _mm256_sub_epi32(slot, more);
-        }
+    const bool full = scale.full, identity = map.identity;
+    // A finite absmax means finite x, so no scaled value is NaN; without sign bits none is negative.
+    auto run = [&](auto sign, auto check) {
+      for (; i + 8 <= len; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
+        s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
+        __m256i slot = keyed.slot<decltype(sign)::value, decltype(check)::value>(s);
+        if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
+        __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
       }
-      slot = _mm256_blendv_epi8(last, slot, ok);
-      if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
-      __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
-    }
+    };
+    if (!std::isfinite(absmax))
+      run(std::true_type{}, std::true_type{});
+    else if (signs)
+      run(std::true_type{}, std::false_type{});
+    else
+      run(std::false_type{}, std::false_type{});
   }
 #endif
-  for (; i < len; ++i) out[i] = uint8_t(map.order[slot_of(map, scale(x[i]))]);
+  for (; i < len; ++i) out[i] = uint8_t(map.order[search8::keyed_slot(map, scale(x[i]))]);
 }
 
 // Dequantized state of one block; `codes`/`absmax`/`qmap`/`map` describe its storage.
@@ -507,9 +488,10 @@ void optimizer_update_8bit_blockwise(const OptStep& st, DType dtype, const void*
           step_math<R, WD, SKIP>(st, 1.0f, gc, pc, sbuf[0], sbuf[1], sbuf[2], len);
           if constexpr (D != DType::f32) store_floats<D>(pbuf, pt + start, len);
           for (int k = 0; k < n_states; ++k) {
-            float m = absmax_of(sbuf[k], len);
+            bool signs;
+            float m = absmax_of(sbuf[k], len, &signs);
             q[k].absmax[b] = m;
-            quantize_block(sbuf[k], len, m, *q[k].map, q[k].tables, q[k].codes + start);
+            quantize_block(sbuf[k], len, m, signs, *q[k].map, q[k].tables, q[k].codes + start);
           }
         }
       });

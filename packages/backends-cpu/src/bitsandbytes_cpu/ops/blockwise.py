@@ -9,6 +9,7 @@ from bitsandbytes._ops import check_dequantize_blockwise, check_quantize_blockwi
 from bitsandbytes._reference import REFERENCE
 
 from .. import _C
+from . import _outputs
 from ._register import cpu_kernel, threads
 
 
@@ -32,7 +33,7 @@ def dequantize_blockwise(A, absmax, code, blocksize, dtype) -> torch.Tensor:
     check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
     if blocksize not in _checks.BLOCKSIZES:
         return REFERENCE["dequantize_blockwise"](A, absmax, code, blocksize, dtype)
-    out = torch.empty(A.shape, dtype=dtype)
+    out = _outputs.empty(A.shape, dtype)
     _dequantize_into(A, absmax, code, blocksize, out)
     return out
 

@@ -10,6 +10,7 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_dequantize_4bit, check_quantize_4bit
 
 from .. import _C
+from . import _outputs
 from ._register import cpu_kernel, threads
 
 
@@ -40,7 +41,7 @@ def dequantize_4bit(
     A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
 ) -> torch.Tensor:
     dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    out = torch.empty(dims, dtype=dtype)
+    out = _outputs.empty(dims, dtype)
     _dequantize_into(A, absmax, blocksize, quant_type, out)
     return out
 
