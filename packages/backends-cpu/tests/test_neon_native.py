@@ -42,7 +42,7 @@ def test_neon_level_runs_on_armv8_0(driver):
     assert "neon: ok" in r.stdout
 
 
-@pytest.mark.parametrize("level", ["neon_bf16"])
+@pytest.mark.parametrize("level", ["neon_dotprod", "neon_bf16"])
 def test_higher_levels_use_their_extensions(driver, level):
     # Their kernels do execute DotProd / BF16 / FHM instructions: an Armv8.0 CPU faults on them.
     r = build_driver.run(driver, "cortex-a72", [level])

@@ -14,6 +14,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include "kernels/neon_simd.h"
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -32,6 +35,11 @@ void load_floats(const typename Elem<D>::T* __restrict src, float* __restrict ds
   if constexpr (D == DType::f16) {
     for (; i + 8 <= len; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+#if defined(BNB_ISA_NEON)
+  if constexpr (D != DType::f32) {
+    for (; i + 4 <= len; i += 4) vst1q_f32(dst + i, neon_simd::load4<D>(src + i));
   }
 #endif
   for (; i < len; ++i) dst[i] = Elem<D>::load(src[i]);
@@ -58,6 +66,11 @@ void store_floats(const float* __restrict src, typename Elem<D>::T* __restrict d
     for (; i + 8 <= len; i += 8)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+#if defined(BNB_ISA_NEON)
+  if constexpr (D == DType::f16) {
+    for (; i + 4 <= len; i += 4) vst1_u16(dst + i, neon_simd::round_f16(vld1q_f32(src + i)));
   }
 #endif
   for (; i < len; ++i) dst[i] = Elem<D>::store(src[i]);
@@ -261,6 +274,16 @@ float absmax_of(const float* __restrict x, int64_t len) {
   _mm256_store_ps(lanes, acc);
   for (float l : lanes) m = l > m ? l : m;
   nan = _mm256_movemask_ps(bad) != 0;
+#elif defined(BNB_ISA_NEON)
+  float32x4_t acc = vdupq_n_f32(0.0f);
+  uint32x4_t bad = vdupq_n_u32(0);
+  for (; i + 4 <= len; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    bad = vorrq_u32(bad, vmvnq_u32(vceqq_f32(v, v)));
+    acc = vmaxq_f32(acc, vabsq_f32(v));  // FMAX passes NaN on; `bad` makes the result the NaN block_absmax returns
+  }
+  m = vmaxvq_f32(acc);
+  nan = vmaxvq_u32(bad) != 0;
 #endif
   for (; i < len; ++i) {
     float v = std::fabs(x[i]);
@@ -370,6 +393,45 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, const 
       if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
       __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+    }
+  }
+#elif defined(BNB_ISA_NEON)
+  // slot_of on 4 lanes: the key arithmetic and the entry compare in vectors, the entry and order
+  // lookups per lane (no gathers), flagged keys stepped on per lane exactly as slot_of does.
+  if (map.shift > 0) {
+    const float32x4_t inv = vdupq_n_f32(scale.inv), clamped = vdupq_n_f32(scale.clamped);
+    const float32x4_t lo = vdupq_n_f32(-1.0f), hi = vdupq_n_f32(1.0f);
+    const uint32x4_t floor = vdupq_n_u32(map.floor_bits), keys = vdupq_n_u32(uint32_t(map.keys));
+    const uint32x4_t low_mask = vdupq_n_u32((1u << map.shift) - 1);
+    const int32x4_t down = vdupq_n_s32(-map.shift), down_thr = vdupq_n_s32(map.shift - 32);
+    const bool full = scale.full;
+    for (; i + 4 <= len; i += 4) {
+      const float32x4_t v = vld1q_f32(x + i);
+      float32x4_t s = full ? vmulq_f32(v, inv) : vdivq_f32(v, clamped);
+      s = vminq_f32(hi, vmaxq_f32(lo, s));  // FMAX / FMIN return NaN for a NaN operand: NaN stays, like scale()
+      const uint32x4_t ok = vceqq_f32(s, s);
+      const uint32x4_t bits = vreinterpretq_u32_f32(s);
+      const uint32x4_t flip = vandq_u32(vreinterpretq_u32_s32(vshrq_n_s32(vreinterpretq_s32_u32(bits), 31)), low_mask);
+      uint32x4_t key = vshlq_u32(vsubq_u32(vmaxq_u32(vandq_u32(bits, vdupq_n_u32(0x7fffffffu)), floor), floor), down);
+      key = vandq_u32(ok, vaddq_u32(key, vandq_u32(vtstq_u32(flip, flip), keys)));  // NaN: any valid key
+      alignas(16) uint32_t k4[4], e4[4];
+      vst1q_u32(k4, key);
+      for (int l = 0; l < 4; ++l) e4[l] = map.entry[k4[l]];
+      const uint32x4_t e = vld1q_u32(e4);
+      const uint32x4_t low = veorq_u32(vandq_u32(bits, low_mask), flip);
+      // The compare is true (all ones, -1) where the midpoint inside the key lies below s: one slot up.
+      uint32x4_t slot = vsubq_u32(vandq_u32(e, vdupq_n_u32(0xffu)), vcltq_u32(vshlq_u32(e, down_thr), low));
+      slot = vbslq_u32(ok, slot, vdupq_n_u32(255));
+      alignas(16) uint32_t sl[4];
+      alignas(16) float sv[4];
+      vst1q_u32(sl, slot);
+      vst1q_f32(sv, s);
+      for (int l = 0; l < 4; ++l) {
+        uint32_t j = sl[l];
+        if ((e4[l] & 0x100u) && sv[l] == sv[l])
+          while (map.mids[j] < sv[l]) ++j;  // mids[255] is +inf
+        out[i + l] = uint8_t(map.order[j]);
+      }
     }
   }
 #endif

@@ -12,6 +12,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include <arm_neon.h>
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -130,6 +133,61 @@ struct Search {
     j = step(j, s, _mm256_i32gather_ps(t.l5, j, 4));
     j = step(j, s, _mm256_i32gather_ps(t.l6, j, 4));
     return step(j, s, _mm256_i32gather_ps(t.l7, j, 4));
+  }
+};
+#elif defined(BNB_ISA_NEON)
+// 16 searches per call, step by step. Each step's midpoints are looked up by TBL on the byte planes of
+// its table (16, 32, 64 or 128 entries; TBL reads up to 64 table bytes, TBX continues past them), and
+// the four planes zipped back together are the 16 midpoints. The compares are slot()'s.
+struct Search {
+  static constexpr int kEntries[8] = {16, 16, 16, 16, 16, 32, 64, 128};
+  alignas(16) uint8_t planes[8][4][128];  // [step][byte of the float][entry]
+  explicit Search(const Tables& t) {
+    const float* ls[8] = {t.l0, t.l1, t.l2, t.l3, t.l4, t.l5, t.l6, t.l7};
+    for (int k = 0; k < 8; ++k)
+      for (int e = 0; e < kEntries[k]; ++e) {
+        uint8_t b[4];
+        std::memcpy(b, ls[k] + e, 4);
+        for (int p = 0; p < 4; ++p) planes[k][p][e] = b[p];
+      }
+  }
+  template <int K>
+  uint8x16_t lookup(int p, uint8x16_t j) const {
+    const uint8_t* t = planes[K][p];
+    if constexpr (kEntries[K] == 16) {
+      return vqtbl1q_u8(vld1q_u8(t), j);
+    } else if constexpr (kEntries[K] == 32) {
+      return vqtbl2q_u8(vld1q_u8_x2(t), j);
+    } else if constexpr (kEntries[K] == 64) {
+      return vqtbl4q_u8(vld1q_u8_x4(t), j);
+    } else {
+      return vqtbx4q_u8(vqtbl4q_u8(vld1q_u8_x4(t), j), vld1q_u8_x4(t + 64), vsubq_u8(j, vdupq_n_u8(64)));
+    }
+  }
+  template <int K>
+  uint8x16_t step(const float32x4_t* s, uint8x16_t j) const {
+    const uint8x16_t b0 = lookup<K>(0, j), b1 = lookup<K>(1, j), b2 = lookup<K>(2, j), b3 = lookup<K>(3, j);
+    const uint16x8_t l01 = vreinterpretq_u16_u8(vzip1q_u8(b0, b1)), h01 = vreinterpretq_u16_u8(vzip2q_u8(b0, b1));
+    const uint16x8_t l23 = vreinterpretq_u16_u8(vzip1q_u8(b2, b3)), h23 = vreinterpretq_u16_u8(vzip2q_u8(b2, b3));
+    const float32x4_t m[4] = {vreinterpretq_f32_u16(vzip1q_u16(l01, l23)), vreinterpretq_f32_u16(vzip2q_u16(l01, l23)),
+                              vreinterpretq_f32_u16(vzip1q_u16(h01, h23)), vreinterpretq_f32_u16(vzip2q_u16(h01, h23))};
+    uint32x4_t up[4];  // !(s <= m): all ones (-1 as a byte after narrowing) where the slot goes up
+    for (int v = 0; v < 4; ++v) up[v] = vmvnq_u32(vcleq_f32(s[v], m[v]));
+    const uint16x8_t u01 = vcombine_u16(vmovn_u32(up[0]), vmovn_u32(up[1]));
+    const uint16x8_t u23 = vcombine_u16(vmovn_u32(up[2]), vmovn_u32(up[3]));
+    return vsubq_u8(vaddq_u8(j, j), vcombine_u8(vmovn_u16(u01), vmovn_u16(u23)));
+  }
+  // Slots (value-sorted) of 16 scaled values s[0..3].
+  uint8x16_t slots(const float32x4_t* s) const {
+    uint8x16_t j = vdupq_n_u8(0);
+    j = step<0>(s, j);
+    j = step<1>(s, j);
+    j = step<2>(s, j);
+    j = step<3>(s, j);
+    j = step<4>(s, j);
+    j = step<5>(s, j);
+    j = step<6>(s, j);
+    return step<7>(s, j);
   }
 };
 #endif

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,10 +22,11 @@ BACKEND = HERE.parents[1]
 CSRC = BACKEND / "csrc"
 CORE_INCLUDE = BACKEND.parent / "core" / "src" / "bitsandbytes" / "include"
 
-# The arm64 ISA levels, lowest first: cumulative definitions, and the -march each is built for.
+# The arm64 ISA levels, lowest first: cumulative definitions, and the -march each is built for (as
+# CMakeLists.txt builds them).
 LEVELS = {
-    "scalar": ([], []),
-    "neon": (["BNB_ISA_NEON"], []),
+    "scalar": (["BNB_ISA_SCALAR"], []),
+    "neon": (["BNB_ISA_NEON"], ["-march=armv8-a"]),
     "neon_dotprod": (["BNB_ISA_NEON", "BNB_ISA_NEON_DOTPROD"], ["-march=armv8.2-a+dotprod"]),
     "neon_bf16": (
         ["BNB_ISA_NEON", "BNB_ISA_NEON_DOTPROD", "BNB_ISA_NEON_BF16"],
@@ -50,6 +52,11 @@ def qemu() -> str | None:
     return None
 
 
+def _tag(cmd: list[str]) -> str:
+    # Objects are named by their command line, so a change of flags rebuilds them too.
+    return hashlib.sha256(" ".join(cmd).encode()).hexdigest()[:10]
+
+
 def _stale(obj: Path, deps: list[Path]) -> bool:
     return not obj.exists() or any(d.stat().st_mtime > obj.stat().st_mtime for d in deps)
 
@@ -64,12 +71,13 @@ def build(out: Path, jobs: int = 2) -> Path:
     jobs_list = []
     for level, (defs, flags) in LEVELS.items():
         for src in sorted((CSRC / "kernels").glob("*.cpp")):
-            obj = out / f"{src.stem}.{level}.o"
             cmd = [cxx, *COMMON, f"-DBNB_ISA_NS={level}", *(f"-D{d}=1" for d in defs), *flags, "-c", str(src)]
+            obj = out / f"{src.stem}.{level}.{_tag(cmd)}.o"
             jobs_list.append((obj, [src, *headers], [*cmd, "-o", str(obj)]))
     for name, src in (("thread_pool", CSRC / "thread_pool.cpp"), ("neon_driver", HERE / "neon_driver.cpp")):
-        obj = out / f"{name}.o"
-        jobs_list.append((obj, [src, *headers], [cxx, *COMMON, "-c", str(src), "-o", str(obj)]))
+        cmd = [cxx, *COMMON, "-c", str(src)]
+        obj = out / f"{name}.{_tag(cmd)}.o"
+        jobs_list.append((obj, [src, *headers], [*cmd, "-o", str(obj)]))
 
     def run(job):
         obj, deps, cmd = job
