@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,18 @@ def test_neon_level_runs_on_armv8_0(driver):
     r = build_driver.run(driver, "cortex-a72", ["neon"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "neon: ok" in r.stdout
+
+
+def test_arm64_results_are_the_hosts_bytes(driver):
+    # The same inputs through this machine's (x86) scalar kernels: their outputs' digest (NaNs made
+    # canonical: which NaN an operation creates is the architecture's) equals the arm64 scalar level's,
+    # and every NEON level matched that level byte for byte in the run above.
+    host = build_driver.build_host(HERE.parent / "build" / "neon-driver" / "host")
+    h = subprocess.run([str(host)], capture_output=True, text=True, check=False)
+    assert h.returncode == 0, h.stdout + h.stderr
+    r = build_driver.run(driver, "max", ["neon"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert build_driver.digest(r.stdout) == build_driver.digest(h.stdout)
 
 
 @pytest.mark.parametrize("level", ["neon_dotprod", "neon_bf16"])
