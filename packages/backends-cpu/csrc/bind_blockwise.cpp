@@ -1,44 +1,25 @@
-#include <algorithm>
-#include <numeric>
-#include <vector>
-
 #include "array.h"
 #include "bindings.h"
 #include "huge_pages.h"
 #include "isa.h"
 #include "kernels/blockwise.h"
+#include "nearest_code_build.h"
 
 namespace bnb {
-namespace {
-
-// The map's 255 midpoints in value order and the code of each value-sorted slot (float32 arithmetic,
-// stable order: exactly the reference's nearest_code).
-struct SortedMap {
-  float mids[255];
-  uint8_t order[256];
-  explicit SortedMap(const float* code) {
-    int idx[256];
-    std::iota(idx, idx + 256, 0);
-    std::stable_sort(idx, idx + 256, [&](int a, int b) { return code[a] < code[b]; });
-    for (int i = 0; i < 256; ++i) order[i] = uint8_t(idx[i]);
-    for (int i = 0; i < 255; ++i) mids[i] = (code[idx[i]] + code[idx[i + 1]]) / 2.0f;
-  }
-};
-
-}  // namespace
 
 BNB_BINDINGS(blockwise) {
   m.def("quantize_blockwise", [](Array A, Array code, int64_t blocksize, Array out, Array absmax, int threads) {
     check_blocksize(blocksize);
     DType dt = float_dtype(A, "A");
     int64_t n = numel(A);
-    SortedMap map(f32(code, "code", 256));
+    const float* c = f32(code, "code", 256);
     uint8_t* q = u8(out, "out", n);
     float* am = f32(absmax, "absmax", n_blocks(n, blocksize));
     const void* x = A.data();
     nb::gil_scoped_release release;
     prefer_huge_pages(q, size_t(n));
-    BNB_DISPATCH(quantize_blockwise, x, dt, n, map.mids, map.order, blocksize, q, am, threads);
+    const NearestCode& map = nearest_code(c, 2);
+    BNB_DISPATCH(quantize_blockwise, x, dt, n, map, blocksize, q, am, threads);
   });
   m.def("dequantize_blockwise", [](Array A, Array absmax, Array code, int64_t blocksize, Array out, int threads) {
     check_blocksize(blocksize);

@@ -12,7 +12,7 @@
 #include "bindings.h"
 #include "isa.h"
 #include "kernels/optimizers.h"
-#include "nearest_code.h"
+#include "nearest_code_build.h"
 
 namespace bnb {
 namespace {
@@ -65,24 +65,6 @@ OptStep make_step(const Name& opt, double beta1, double beta2, double beta3, dou
   s.first_step = step == 1;
   s.skip_zeros = skip_zeros;
   return s;
-}
-
-// Maps repeat across calls (the dynamic maps): keep the last one per thread and argument (qmap1: 0, qmap2: 1),
-// so the two searches of one call never evict each other.
-const NearestCode& nearest_code(const float* code, int which) {
-  struct Entry {
-    float code[256];
-    NearestCode map;
-    bool valid = false;
-  };
-  thread_local std::unique_ptr<Entry> cache[2];  // on the heap: ~70 KB each
-  if (!cache[which]) cache[which] = std::make_unique<Entry>();
-  Entry& e = *cache[which];
-  if (e.valid && std::memcmp(e.code, code, sizeof e.code) == 0) return e.map;
-  std::memcpy(e.code, code, sizeof e.code);
-  build_nearest_code(code, e.map);
-  e.valid = true;
-  return e.map;
 }
 
 void check_params(Array& g, Array& p, DType* dt) {

@@ -11,12 +11,6 @@ namespace BNB_ISA_NS {
 
 namespace {
 
-inline bool is_identity(const uint8_t* order) {
-  for (int i = 0; i < 256; ++i)
-    if (order[i] != i) return false;
-  return true;
-}
-
 #if defined(BNB_ISA_AVX512)
 // N vectors of 16 values starting at x + i -> their slots at o + i.
 template <DType D, bool Full, int N>
@@ -63,7 +57,7 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
 
 #elif defined(BNB_ISA_AVX2)
 template <DType D, bool Full>
-int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Search& q,
+int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Keyed& q,
                       uint8_t* o) {
   const __m256 one = _mm256_set1_ps(1.0f), minus_one = _mm256_set1_ps(-1.0f);
   int64_t i = 0;
@@ -84,32 +78,36 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
 }
 #elif defined(BNB_ISA_NEON)
 template <DType D, bool Full>
-int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Search& q,
+int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Keyed& q,
                       uint8_t* o) {
   const float32x4_t one = vdupq_n_f32(1.0f), minus_one = vdupq_n_f32(-1.0f);
   int64_t i = 0;
   for (; i + 16 <= len; i += 16) {
-    float32x4_t s[4];
+    uint32x4_t j[4];
     for (int k = 0; k < 4; ++k) {
       const float32x4_t f = vdupq_n_f32(fac[(i + 4 * k) >> shift]);  // blocks hold whole vectors
       const float32x4_t v = neon_simd::load4<D>(x + i + 4 * k);
       // Clamp to [-1, 1] as scale_value does; FMAX / FMIN return NaN for a NaN operand, so NaN stays.
-      s[k] = vmaxq_f32(minus_one, vminq_f32(one, Full ? vmulq_f32(v, f) : vdivq_f32(v, f)));
+      j[k] = q.slot(vmaxq_f32(minus_one, vminq_f32(one, Full ? vmulq_f32(v, f) : vdivq_f32(v, f))));
     }
-    vst1q_u8(o + i, q.slots(s));
+    vst1q_u8(o + i, search8::narrow_slots(j));
   }
   return i;
 }
 #endif
 
 template <DType D>
-void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tables& t, const uint8_t* order,
-                     bool identity, int64_t blocksize, uint8_t* out, float* absmax, int64_t b0, int64_t b1) {
-#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tables& t, const NearestCode& map,
+                     int64_t blocksize, uint8_t* out, float* absmax, int64_t b0, int64_t b1) {
+#if defined(BNB_ISA_AVX512)
   const search8::Search q(t);
-#endif
-#if defined(BNB_ISA_NEON)
-  const search8::Search q(t);
+#elif defined(BNB_ISA_AVX2)
+  const search8::Keyed q(map);
+#elif defined(BNB_ISA_NEON)
+  (void)t;
+  const search8::Keyed q(map);
+#else
+  (void)t;
 #endif
   auto body = [&](auto full, int64_t first, int64_t len, const float* fac, int shift) {
     constexpr bool Full = decltype(full)::value;
@@ -122,15 +120,11 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tab
 #if defined(BNB_ISA_NEON)
     i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
 #endif
-    for (; i + 8 <= len; i += 8) {
-      float s[8];
-      for (int v = 0; v < 8; ++v) s[v] = scale_value<Full>(Elem<D>::load(x[i + v]), fac[(i + v) >> shift]);
-      search8::slots8(t, s, o + i);
-    }
-    for (; i < len; ++i) o[i] = uint8_t(search8::slot(t, scale_value<Full>(Elem<D>::load(x[i]), fac[i >> shift])));
+    for (; i < len; ++i)
+      o[i] = uint8_t(search8::keyed_slot(map, scale_value<Full>(Elem<D>::load(x[i]), fac[i >> shift])));
     // Slot -> code (a map that is not sorted by value; the maps bitsandbytes builds all are).
-    if (!identity)
-      for (int64_t k = 0; k < len; ++k) o[k] = order[o[k]];
+    if (!map.identity)
+      for (int64_t k = 0; k < len; ++k) o[k] = uint8_t(map.order[o[k]]);
   };
   scale_blocks<D>(A, n, blocksize, absmax, b0, b1, body);
 }
@@ -158,10 +152,7 @@ void dequantize_block(const uint8_t* A, float scale, const float* code, int64_t 
   }
 #elif defined(BNB_ISA_AVX2)
   const __m256 s = _mm256_set1_ps(scale);
-  for (; i + 8 <= len; i += 8) {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(A + i)));
-    store8<D>(out + i, _mm256_mul_ps(_mm256_i32gather_ps(code, idx, 4), s));
-  }
+  for (; i + 8 <= len; i += 8) store8<D>(out + i, _mm256_mul_ps(search8::lookup8_codes(code, A + i), s));
 #elif defined(BNB_ISA_NEON)
   // No gather: the four map entries by lane, then one multiply and the dtype's exact rounding.
   const float32x4_t s = vdupq_n_f32(scale);
@@ -178,17 +169,16 @@ void dequantize_block(const uint8_t* A, float scale, const float* code, int64_t 
 
 }  // namespace
 
-void quantize_blockwise(const void* A, DType dtype, int64_t n, const float* mids, const uint8_t* order,
-                        int64_t blocksize, uint8_t* out, float* absmax, int threads) {
+void quantize_blockwise(const void* A, DType dtype, int64_t n, const NearestCode& map, int64_t blocksize, uint8_t* out,
+                        float* absmax, int threads) {
   if (n <= 0) return;
   int64_t blocks = (n + blocksize - 1) / blocksize;
-  const search8::Tables tables(mids);
-  const bool identity = is_identity(order);
+  const search8::Tables tables(map.mids);
   visit_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* x = static_cast<const typename Elem<D>::T*>(A);
     parallel_for(blocks, (1 << 16) / blocksize + 1, threads, [&](int64_t b0, int64_t b1) {
-      quantize_blocks<D>(x, n, tables, order, identity, blocksize, out, absmax, b0, b1);
+      quantize_blocks<D>(x, n, tables, map, blocksize, out, absmax, b0, b1);
     });
   });
 }

@@ -118,8 +118,12 @@ void step_math(const OptStep& c, float scale, const float* __restrict g, float* 
       float gr = g[i], gi = gr * gnorm, p0 = p[i], s0 = s1[i];
       float pd = WD ? p0 * c.decay_factor : p0;
       float d = c.beta1 * s0 + c.one_minus_beta1 * gi;
-      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0).
-      float sg = d > 0.0f ? 1.0f : (d < 0.0f ? -1.0f : (d != d ? d : 0.0f));
+      // sign(d), with NaN kept so a NaN gradient shows in p (torch.sign(NaN) may be 0): +-1 or +0 from
+      // the bits, integer selects only, so the loop vectorizes (branches on the sign mispredict).
+      uint32_t db = float_to_bits(d), mag = db & 0x7fffffffu;
+      uint32_t nonzero = 0u - uint32_t(mag != 0u), nan = 0u - uint32_t(mag > 0x7f800000u);
+      uint32_t unit = nonzero & ((db & 0x80000000u) | 0x3f800000u);
+      float sg = bits_to_float((nan & db) | (~nan & unit));
       float pn = pd - scaled_lr * sg;
       float s = c.beta2 * s0 + c.one_minus_beta2 * gi;
       bool keep = SKIP && gr == 0.0f;
@@ -239,10 +243,7 @@ void dequantize_block(const uint8_t* __restrict q, int64_t len, const float* __r
   }
 #elif defined(BNB_ISA_AVX2)
   const __m256 vs = _mm256_set1_ps(scale);
-  for (; i + 8 <= len; i += 8) {
-    __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + i)));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(qmap, idx, 4), vs));
-  }
+  for (; i + 8 <= len; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(search8::lookup8_codes(qmap, q + i), vs));
 #endif
   for (; i < len; ++i) out[i] = qmap[q[i]] * scale;
 }
@@ -263,27 +264,30 @@ float absmax_of(const float* __restrict x, int64_t len) {
   m = _mm512_reduce_max_ps(acc);
   nan = bad != 0;
 #elif defined(BNB_ISA_AVX2)
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 acc = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-  for (; i + 8 <= len; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    acc = _mm256_max_ps(_mm256_and_ps(v, abs_mask), acc);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  for (float l : lanes) m = l > m ? l : m;
-  nan = _mm256_movemask_ps(bad) != 0;
+  // The magnitude bits order like |x| and every NaN's sort above inf's: one integer max per vector.
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  __m256i acc = _mm256_setzero_si256();
+  for (; i + 8 <= len; i += 8)
+    acc =
+        _mm256_max_epu32(acc, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask));
+  alignas(32) uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
+  uint32_t top = 0;
+  for (uint32_t l : lanes) top = l > top ? l : top;
+  nan = top > 0x7f800000u;
+  m = nan ? 0.0f : bits_to_float(top);
 #elif defined(BNB_ISA_NEON)
-  float32x4_t acc = vdupq_n_f32(0.0f);
-  uint32x4_t bad = vdupq_n_u32(0);
-  for (; i + 4 <= len; i += 4) {
-    const float32x4_t v = vld1q_f32(x + i);
-    bad = vorrq_u32(bad, vmvnq_u32(vceqq_f32(v, v)));
-    acc = vmaxq_f32(acc, vabsq_f32(v));  // FMAX passes NaN on; `bad` makes the result the NaN block_absmax returns
+  // The same integer max of the magnitude bits (every NaN's sort above inf's).
+  const uint32x4_t abs_mask = vdupq_n_u32(0x7fffffffu);
+  const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
+  uint32x4_t acc0 = vdupq_n_u32(0), acc1 = acc0;
+  for (; i + 8 <= len; i += 8) {
+    acc0 = vmaxq_u32(acc0, vandq_u32(vld1q_u32(u + i), abs_mask));
+    acc1 = vmaxq_u32(acc1, vandq_u32(vld1q_u32(u + i + 4), abs_mask));
   }
-  m = vmaxvq_f32(acc);
-  nan = vmaxvq_u32(bad) != 0;
+  const uint32_t top = vmaxvq_u32(vmaxq_u32(acc0, acc1));
+  nan = top > 0x7f800000u;
+  m = nan ? 0.0f : bits_to_float(top);
 #endif
   for (; i < len; ++i) {
     float v = std::fabs(x[i]);
@@ -291,19 +295,6 @@ float absmax_of(const float* __restrict x, int64_t len) {
     m = v > m ? v : m;
   }
   return nan ? NAN : m;
-}
-
-// Value-sorted slot of a scaled value s in [-1, 1] (or NaN): the number of midpoints below s.
-inline int slot_of(const NearestCode& map, float s) {
-  if (s != s) return 255;
-  uint32_t bits = float_to_bits(s), abs = bits & 0x7fffffffu;
-  uint32_t low_mask = (1u << map.shift) - 1, flip = (bits >> 31) ? low_mask : 0u;
-  uint32_t key = ((abs > map.floor_bits ? abs : map.floor_bits) - map.floor_bits) >> map.shift;
-  uint32_t e = map.entry[key + (flip ? map.keys : 0)];
-  int slot = int(e & 0xffu) + ((e >> (32 - map.shift)) < ((bits & low_mask) ^ flip));
-  if (e & 0x100u)
-    while (map.mids[slot] < s) ++slot;  // mids[255] is +inf
-  return slot;
 }
 
 // Codes of a block whose absmax is `absmax` (the reference's block_absmax_and_scale + nearest_code).
@@ -351,91 +342,44 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, const 
   }
 #elif defined(BNB_ISA_AVX2)
   {
+    const search8::Keyed keyed(map);
     const __m256 inv = _mm256_set1_ps(scale.inv), clamped = _mm256_set1_ps(scale.clamped);
     const __m256 lo = _mm256_set1_ps(-1.0f), hi = _mm256_set1_ps(1.0f);
-    const __m256i abs_bits = _mm256_set1_epi32(0x7fffffff), floor = _mm256_set1_epi32(int(map.floor_bits));
-    const __m256i neg_keys = _mm256_set1_epi32(map.keys), low_mask = _mm256_set1_epi32((1 << map.shift) - 1);
-    const __m128i shift = _mm_cvtsi32_si128(map.shift), threshold_shift = _mm_cvtsi32_si128(32 - map.shift);
-    const __m256i flag = _mm256_set1_epi32(0x100), byte = _mm256_set1_epi32(0xff), last = _mm256_set1_epi32(255);
     // Low byte of each 32-bit lane to the front of its 128-bit half, then both halves' first 4 bytes together.
     const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  //
                                           0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
-    const uint32_t* entry = map.entry;
-    const float* mids = map.mids;
     const int32_t* order = map.order;
-    const bool full = scale.full, flagged = map.flagged, identity = map.identity;
-    const int width = map.width;
+    const bool full = scale.full, identity = map.identity;
     for (; i + 8 <= len; i += 8) {
       __m256 v = _mm256_loadu_ps(x + i);
       __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
-      s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
-      __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
-      __m256i bits = _mm256_castps_si256(s);
-      __m256i neg = _mm256_srai_epi32(bits, 31);
-      __m256i key =
-          _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
-      key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
-      __m256i e = _mm256_i32gather_epi32(reinterpret_cast<const int*>(entry), key, 4);
-      __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
-      // Both sides are below 2^23, so a signed comparison is exact; true is all ones (-1): subtracting steps.
-      __m256i slot = _mm256_and_si256(e, byte);
-      slot = _mm256_sub_epi32(slot, _mm256_cmpgt_epi32(low, _mm256_srl_epi32(e, threshold_shift)));
-      if (flagged) {
-        __m256i more = _mm256_and_si256(ok, _mm256_cmpeq_epi32(_mm256_and_si256(e, flag), flag));
-        for (int k = 0; !_mm256_testz_si256(more, more) && k < width; ++k) {
-          __m256 mid = _mm256_mask_i32gather_ps(s, mids, slot, _mm256_castsi256_ps(more), 4);
-          more = _mm256_and_si256(more, _mm256_castps_si256(_mm256_cmp_ps(mid, s, _CMP_LT_OQ)));
-          slot = _mm256_sub_epi32(slot, more);
-        }
-      }
-      slot = _mm256_blendv_epi8(last, slot, ok);
+      __m256i slot = keyed.slot(_mm256_min_ps(hi, _mm256_max_ps(lo, s)));
       if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
       __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
     }
   }
 #elif defined(BNB_ISA_NEON)
-  // slot_of on 4 lanes: the key arithmetic and the entry compare in vectors, the entry and order
-  // lookups per lane (no gathers), flagged keys stepped on per lane exactly as slot_of does.
-  if (map.shift > 0) {
+  {
+    const search8::Keyed keyed(map);
     const float32x4_t inv = vdupq_n_f32(scale.inv), clamped = vdupq_n_f32(scale.clamped);
     const float32x4_t lo = vdupq_n_f32(-1.0f), hi = vdupq_n_f32(1.0f);
-    const uint32x4_t floor = vdupq_n_u32(map.floor_bits), keys = vdupq_n_u32(uint32_t(map.keys));
-    const uint32x4_t low_mask = vdupq_n_u32((1u << map.shift) - 1);
-    const int32x4_t down = vdupq_n_s32(-map.shift), down_thr = vdupq_n_s32(map.shift - 32);
     const bool full = scale.full;
-    for (; i + 4 <= len; i += 4) {
-      const float32x4_t v = vld1q_f32(x + i);
-      float32x4_t s = full ? vmulq_f32(v, inv) : vdivq_f32(v, clamped);
-      s = vminq_f32(hi, vmaxq_f32(lo, s));  // FMAX / FMIN return NaN for a NaN operand: NaN stays, like scale()
-      const uint32x4_t ok = vceqq_f32(s, s);
-      const uint32x4_t bits = vreinterpretq_u32_f32(s);
-      const uint32x4_t flip = vandq_u32(vreinterpretq_u32_s32(vshrq_n_s32(vreinterpretq_s32_u32(bits), 31)), low_mask);
-      uint32x4_t key = vshlq_u32(vsubq_u32(vmaxq_u32(vandq_u32(bits, vdupq_n_u32(0x7fffffffu)), floor), floor), down);
-      key = vandq_u32(ok, vaddq_u32(key, vandq_u32(vtstq_u32(flip, flip), keys)));  // NaN: any valid key
-      alignas(16) uint32_t k4[4], e4[4];
-      vst1q_u32(k4, key);
-      for (int l = 0; l < 4; ++l) e4[l] = map.entry[k4[l]];
-      const uint32x4_t e = vld1q_u32(e4);
-      const uint32x4_t low = veorq_u32(vandq_u32(bits, low_mask), flip);
-      // The compare is true (all ones, -1) where the midpoint inside the key lies below s: one slot up.
-      uint32x4_t slot = vsubq_u32(vandq_u32(e, vdupq_n_u32(0xffu)), vcltq_u32(vshlq_u32(e, down_thr), low));
-      slot = vbslq_u32(ok, slot, vdupq_n_u32(255));
-      alignas(16) uint32_t sl[4];
-      alignas(16) float sv[4];
-      vst1q_u32(sl, slot);
-      vst1q_f32(sv, s);
-      for (int l = 0; l < 4; ++l) {
-        uint32_t j = sl[l];
-        if ((e4[l] & 0x100u) && sv[l] == sv[l])
-          while (map.mids[j] < sv[l]) ++j;  // mids[255] is +inf
-        out[i + l] = uint8_t(map.order[j]);
+    for (; i + 16 <= len; i += 16) {
+      uint32x4_t j[4];
+      for (int k = 0; k < 4; ++k) {
+        const float32x4_t v = vld1q_f32(x + i + 4 * k);
+        const float32x4_t s = full ? vmulq_f32(v, inv) : vdivq_f32(v, clamped);
+        j[k] = keyed.slot(vminq_f32(hi, vmaxq_f32(lo, s)));  // FMAX / FMIN keep NaN, like scale()
       }
+      vst1q_u8(out + i, search8::narrow_slots(j));
+      if (!map.identity)
+        for (int k = 0; k < 16; ++k) out[i + k] = uint8_t(map.order[out[i + k]]);
     }
   }
 #endif
-  for (; i < len; ++i) out[i] = uint8_t(map.order[slot_of(map, scale(x[i]))]);
+  for (; i < len; ++i) out[i] = uint8_t(map.order[search8::keyed_slot(map, scale(x[i]))]);
 }
 
 // Dequantized state of one block; `codes`/`absmax`/`qmap`/`map` describe its storage.

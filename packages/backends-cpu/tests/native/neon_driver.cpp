@@ -23,7 +23,7 @@
 #include "kernels/gemv_4bit.h"
 #include "kernels/int8.h"
 #include "kernels/optimizers.h"
-#include "nearest_code.h"
+#include "nearest_code_build.h"
 
 // The kernel headers declare the levels the build's common.h knows; the driver compiles all four itself.
 #define BNB_DRIVER_DECLS \
@@ -412,11 +412,7 @@ std::vector<float> make_map(bool is_signed, bool shuffled) {
 struct Map8 {
   std::vector<float> code;
   NearestCode nc;
-  uint8_t order[256];
-  explicit Map8(std::vector<float> c) : code(std::move(c)) {
-    build_nearest_code(code.data(), nc);
-    for (int i = 0; i < 256; ++i) order[i] = uint8_t(nc.order[i]);
-  }
+  explicit Map8(std::vector<float> c) : code(std::move(c)) { build_nearest_code(code.data(), nc); }
 };
 
 void check_blockwise(const Kernels& k) {
@@ -432,8 +428,8 @@ void check_blockwise(const Kernels& k) {
               const int64_t blocks = (n + bs - 1) / bs;
               std::vector<uint8_t> q0(n), q1(n);
               std::vector<float> a0(blocks), a1(blocks);
-              kScalar.quantize_blockwise(A.data(), d, n, map->nc.mids, map->order, bs, q0.data(), a0.data(), 1);
-              k.quantize_blockwise(A.data(), d, n, map->nc.mids, map->order, bs, q1.data(), a1.data(), 2);
+              kScalar.quantize_blockwise(A.data(), d, n, map->nc, bs, q0.data(), a0.data(), 1);
+              k.quantize_blockwise(A.data(), d, n, map->nc, bs, q1.data(), a1.data(), 2);
               ++g_checks;
               digest(q0);
               digest_floats(a0, DType::f32);

@@ -1,12 +1,15 @@
-// Builds the nearest-code search of a 256-entry map (NearestCode in kernels/optimizers.h). Used by the
-// optimizer bindings and by the native NEON test driver (tests/native), so both search the same tables.
+// Builds the key table of an 8-bit map (kernels/nearest_code.h). Included only by the bindings, which are
+// compiled once with the baseline flags: never by the per-ISA kernel sources, whose inline copies could
+// otherwise be the ones the linker keeps.
 #pragma once
 
 #include <algorithm>
-#include <cmath>
+#include <cstring>
+#include <memory>
 #include <numeric>
 
-#include "kernels/optimizers.h"
+#include "common.h"
+#include "kernels/nearest_code.h"
 
 namespace bnb {
 
@@ -86,6 +89,24 @@ inline void build_nearest_code(const float* code, NearestCode& m) {
   sweep_keys(m, chosen, m.floor_bits, true, &flags, &width);
   m.flagged = flags > 0;
   m.width = width;
+}
+
+// Maps repeat across calls (the dynamic maps): keep the last one per thread and use (qmap1: 0, qmap2: 1,
+// quantize_blockwise's code: 2), so the searches of one call, or of interleaved ops, never evict each other.
+inline const NearestCode& nearest_code(const float* code, int which) {
+  struct Entry {
+    float code[256];
+    NearestCode map;
+    bool valid = false;
+  };
+  thread_local std::unique_ptr<Entry> cache[3];  // on the heap: ~70 KB each
+  if (!cache[which]) cache[which] = std::make_unique<Entry>();
+  Entry& e = *cache[which];
+  if (e.valid && std::memcmp(e.code, code, sizeof e.code) == 0) return e.map;
+  std::memcpy(e.code, code, sizeof e.code);
+  build_nearest_code(code, e.map);
+  e.valid = true;
+  return e.map;
 }
 
 }  // namespace bnb
