@@ -248,11 +248,13 @@ void dequantize_block(const uint8_t* __restrict q, int64_t len, const float* __r
   for (; i < len; ++i) out[i] = qmap[q[i]] * scale;
 }
 
-// Largest |x| (0 for an all-zero run), NaN if any x is NaN: block_absmax's result, vectorized.
-float absmax_of(const float* __restrict x, int64_t len) {
+// Largest |x| (0 for an all-zero run), NaN if any x is NaN: block_absmax's result, vectorized. *signs:
+// whether some x may carry the sign bit (exact at AVX2, always true elsewhere).
+float absmax_of(const float* __restrict x, int64_t len, bool* signs) {
   int64_t i = 0;
   float m = 0.0f;
   bool nan = false;
+  *signs = true;
 #if defined(BNB_ISA_AVX512)
   __m512 acc = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -266,10 +268,15 @@ float absmax_of(const float* __restrict x, int64_t len) {
 #elif defined(BNB_ISA_AVX2)
   // The magnitude bits order like |x| and every NaN's sort above inf's: one integer max per vector.
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
-  __m256i acc = _mm256_setzero_si256();
-  for (; i + 8 <= len; i += 8)
-    acc =
-        _mm256_max_epu32(acc, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask));
+  __m256i acc = _mm256_setzero_si256(), any = acc;
+  for (; i + 8 <= len; i += 8) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+    acc = _mm256_max_epu32(acc, _mm256_and_si256(v, abs_mask));
+    any = _mm256_or_si256(any, v);
+  }
+  bool tail_signs = false;
+  for (int64_t k = i; k < len; ++k) tail_signs |= std::signbit(x[k]);
+  *signs = _mm256_movemask_ps(_mm256_castsi256_ps(any)) != 0 || tail_signs;
   alignas(32) uint32_t lanes[8];
   _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc);
   uint32_t top = 0;
@@ -298,8 +305,9 @@ float absmax_of(const float* __restrict x, int64_t len) {
 }
 
 // Codes of a block whose absmax is `absmax` (the reference's block_absmax_and_scale + nearest_code).
-void quantize_block(const float* __restrict x, int64_t len, float absmax, const NearestCode& map,
+void quantize_block(const float* __restrict x, int64_t len, float absmax, bool signs, const NearestCode& map,
                     const search8::Tables* tables, uint8_t* __restrict out) {
+  (void)signs;  // used by the AVX2 level only
   BlockScaler scale(absmax, len == kBlock);
   int64_t i = 0;
 #if defined(BNB_ISA_AVX512)
@@ -351,14 +359,24 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, const 
     const __m256i join = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
     const int32_t* order = map.order;
     const bool full = scale.full, identity = map.identity;
-    for (; i + 8 <= len; i += 8) {
-      __m256 v = _mm256_loadu_ps(x + i);
-      __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
-      __m256i slot = keyed.slot(_mm256_min_ps(hi, _mm256_max_ps(lo, s)));
-      if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
-      __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
-    }
+    // A finite absmax means finite x, so no scaled value is NaN; without sign bits none is negative.
+    auto run = [&](auto sign, auto check) {
+      for (; i + 8 <= len; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
+        s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
+        __m256i slot = keyed.slot<decltype(sign)::value, decltype(check)::value>(s);
+        if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
+        __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+      }
+    };
+    if (!std::isfinite(absmax))
+      run(std::true_type{}, std::true_type{});
+    else if (signs)
+      run(std::true_type{}, std::false_type{});
+    else
+      run(std::false_type{}, std::false_type{});
   }
 #elif defined(BNB_ISA_NEON)
   {
@@ -513,9 +531,10 @@ void optimizer_update_8bit_blockwise(const OptStep& st, DType dtype, const void*
           step_math<R, WD, SKIP>(st, 1.0f, gc, pc, sbuf[0], sbuf[1], sbuf[2], len);
           if constexpr (D != DType::f32) store_floats<D>(pbuf, pt + start, len);
           for (int k = 0; k < n_states; ++k) {
-            float m = absmax_of(sbuf[k], len);
+            bool signs;
+            float m = absmax_of(sbuf[k], len, &signs);
             q[k].absmax[b] = m;
-            quantize_block(sbuf[k], len, m, *q[k].map, q[k].tables, q[k].codes + start);
+            quantize_block(sbuf[k], len, m, signs, *q[k].map, q[k].tables, q[k].codes + start);
           }
         }
       });

@@ -165,15 +165,23 @@ struct Keyed {
         last(_mm256_set1_epi32(255)),
         shift(_mm_cvtsi32_si128(m.shift)),
         threshold_shift(_mm_cvtsi32_si128(32 - m.shift)) {}
+  // Signed: some s may carry the sign bit (negatives, -0); Checked: some s may be NaN. A block known to
+  // hold neither (finite absmax, no sign bit: Adam's second moment) skips their handling.
+  template <bool Signed = true, bool Checked = true>
   __m256i slot(__m256 s) const {
-    __m256i ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
-    __m256i bits = _mm256_castps_si256(s);
-    __m256i neg = _mm256_srai_epi32(bits, 31);
-    __m256i key =
-        _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
-    key = _mm256_and_si256(ok, _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys)));  // NaN: any valid key
+    __m256i bits = _mm256_castps_si256(s), ok = _mm256_set1_epi32(-1), key, low;
+    if constexpr (Checked) ok = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_ORD_Q));
+    if constexpr (Signed) {
+      __m256i neg = _mm256_srai_epi32(bits, 31);
+      key = _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_and_si256(bits, abs_bits), floor), floor), shift);
+      key = _mm256_add_epi32(key, _mm256_and_si256(neg, neg_keys));
+      low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
+    } else {
+      key = _mm256_srl_epi32(_mm256_sub_epi32(_mm256_max_epu32(bits, floor), floor), shift);
+      low = _mm256_and_si256(bits, low_mask);
+    }
+    if constexpr (Checked) key = _mm256_and_si256(ok, key);  // NaN: any valid key
     __m256i e = lookup8(map.entry, key);
-    __m256i low = _mm256_xor_si256(_mm256_and_si256(bits, low_mask), _mm256_and_si256(neg, low_mask));
     // Both sides are below 2^23, so a signed comparison is exact; true is all ones (-1): subtracting steps.
     __m256i j = _mm256_and_si256(e, byte);
     j = _mm256_sub_epi32(j, _mm256_cmpgt_epi32(low, _mm256_srl_epi32(e, threshold_shift)));
@@ -185,7 +193,8 @@ struct Keyed {
         j = _mm256_sub_epi32(j, more);
       }
     }
-    return _mm256_blendv_epi8(last, j, ok);
+    if constexpr (Checked) j = _mm256_blendv_epi8(last, j, ok);
+    return j;
   }
 };
 #elif defined(BNB_ISA_NEON)
