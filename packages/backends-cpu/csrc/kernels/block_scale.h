@@ -11,6 +11,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include "kernels/neon_simd.h"
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -121,6 +124,32 @@ inline uint32_t magnitude_max(const typename Elem<D>::T* x, int64_t len) {
   uint32_t m = magnitude_max_scalar<D>(x + i, len - i);
   for (uint32_t v : lanes) m = v > m ? v : m;
   return m;
+#elif defined(BNB_ISA_NEON)
+  int64_t i = 0;
+  uint32_t m;
+  if constexpr (D == DType::f32) {
+    const uint32x4_t mask = vdupq_n_u32(0x7fffffffu);
+    const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
+    uint32x4_t m0 = vdupq_n_u32(0), m1 = m0, m2 = m0, m3 = m0;
+    for (; i + 16 <= len; i += 16) {
+      m0 = vmaxq_u32(m0, vandq_u32(vld1q_u32(u + i), mask));
+      m1 = vmaxq_u32(m1, vandq_u32(vld1q_u32(u + i + 4), mask));
+      m2 = vmaxq_u32(m2, vandq_u32(vld1q_u32(u + i + 8), mask));
+      m3 = vmaxq_u32(m3, vandq_u32(vld1q_u32(u + i + 12), mask));
+    }
+    m = neon_simd::max_u32(vmaxq_u32(vmaxq_u32(m0, m1), vmaxq_u32(m2, m3)));
+  } else {
+    const uint16x8_t mask = vdupq_n_u16(0x7fff);
+    const uint16_t* u = reinterpret_cast<const uint16_t*>(x);
+    uint16x8_t m0 = vdupq_n_u16(0), m1 = m0;
+    for (; i + 16 <= len; i += 16) {
+      m0 = vmaxq_u16(m0, vandq_u16(vld1q_u16(u + i), mask));
+      m1 = vmaxq_u16(m1, vandq_u16(vld1q_u16(u + i + 8), mask));
+    }
+    m = neon_simd::max_u16(vmaxq_u16(m0, m1));
+  }
+  uint32_t t = magnitude_max_scalar<D>(x + i, len - i);
+  return t > m ? t : m;
 #else
   return magnitude_max_scalar<D>(x, len);
 #endif

@@ -2,6 +2,9 @@
 
 #include "kernels/block_scale.h"
 #include "kernels/search8.h"
+#if defined(BNB_ISA_NEON)
+#include "kernels/neon_simd.h"
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -73,6 +76,24 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
   }
   return i;
 }
+#elif defined(BNB_ISA_NEON)
+template <DType D, bool Full>
+int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Keyed& q,
+                      uint8_t* o) {
+  const float32x4_t one = vdupq_n_f32(1.0f), minus_one = vdupq_n_f32(-1.0f);
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    uint32x4_t j[4];
+    for (int k = 0; k < 4; ++k) {
+      const float32x4_t f = vdupq_n_f32(fac[(i + 4 * k) >> shift]);  // blocks hold whole vectors
+      const float32x4_t v = neon_simd::load4<D>(x + i + 4 * k);
+      // Clamp to [-1, 1] as scale_value does; FMAX / FMIN return NaN for a NaN operand, so NaN stays.
+      j[k] = q.slot(vmaxq_f32(minus_one, vminq_f32(one, Full ? vmulq_f32(v, f) : vdivq_f32(v, f))));
+    }
+    vst1q_u8(o + i, search8::narrow_slots(j));
+  }
+  return i;
+}
 #endif
 
 template <DType D>
@@ -81,6 +102,9 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tab
 #if defined(BNB_ISA_AVX512)
   const search8::Search q(t);
 #elif defined(BNB_ISA_AVX2)
+  const search8::Keyed q(map);
+#elif defined(BNB_ISA_NEON)
+  (void)t;
   const search8::Keyed q(map);
 #else
   (void)t;
@@ -91,6 +115,9 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tab
     uint8_t* o = out + first;
     int64_t i = 0;
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+    i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
+#endif
+#if defined(BNB_ISA_NEON)
     i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
 #endif
     for (; i < len; ++i)
@@ -126,6 +153,16 @@ void dequantize_block(const uint8_t* A, float scale, const float* code, int64_t 
 #elif defined(BNB_ISA_AVX2)
   const __m256 s = _mm256_set1_ps(scale);
   for (; i + 8 <= len; i += 8) store8<D>(out + i, _mm256_mul_ps(search8::lookup8_codes(code, A + i), s));
+#elif defined(BNB_ISA_NEON)
+  // No gather: the four map entries by lane, then one multiply and the dtype's exact rounding.
+  const float32x4_t s = vdupq_n_f32(scale);
+  for (; i + 4 <= len; i += 4) {
+    float32x4_t v = vdupq_n_f32(code[A[i]]);
+    v = vsetq_lane_f32(code[A[i + 1]], v, 1);
+    v = vsetq_lane_f32(code[A[i + 2]], v, 2);
+    v = vsetq_lane_f32(code[A[i + 3]], v, 3);
+    neon_simd::store4<D>(out + i, vmulq_f32(v, s));
+  }
 #endif
   for (; i < len; ++i) out[i] = Elem<D>::store(code[A[i]] * scale);
 }

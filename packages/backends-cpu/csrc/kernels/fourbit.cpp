@@ -235,12 +235,50 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
   }
   return i;
 }
+#elif defined(BNB_ISA_NEON)
+// 4 lanes: the slot is counted outright, 15 compares against the broadcast midpoints (a search would
+// need a float table lookup per step). `s <= m` is false for NaN, so NaN counts all 15: the last slot.
+struct Quant4 {
+  float32x4_t mid[15];
+  uint8x16_t order;
+  explicit Quant4(const Format4& f) {
+    for (int i = 0; i < 15; ++i) mid[i] = vdupq_n_f32(f.mids[i]);
+    order = vld1q_u8(f.order);
+  }
+  uint32x4_t slot(float32x4_t s) const {
+    uint32x4_t le = vcleq_f32(s, mid[0]);  // all ones (-1) per midpoint at or above s
+    for (int i = 1; i < 15; ++i) le = vaddq_u32(le, vcleq_f32(s, mid[i]));
+    return vaddq_u32(le, vdupq_n_u32(15));
+  }
+};
+
+template <DType D, bool Full>
+int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const Quant4& q,
+                      uint8_t* o) {
+  int64_t i = 0;
+  for (; i + 16 <= len; i += 16) {
+    uint32x4_t j[4];
+    for (int k = 0; k < 4; ++k) {
+      const float32x4_t f = vdupq_n_f32(fac[(i + 4 * k) >> shift]);  // blocks hold whole vectors
+      const float32x4_t v = neon_simd::load4<D>(x + i + 4 * k);
+      j[k] = q.slot(Full ? vmulq_f32(v, f) : vdivq_f32(v, f));
+    }
+    const uint16x8_t lo = vcombine_u16(vmovn_u32(j[0]), vmovn_u32(j[1]));
+    const uint16x8_t hi = vcombine_u16(vmovn_u32(j[2]), vmovn_u32(j[3]));
+    const uint8x16_t codes = vqtbl1q_u8(q.order, vcombine_u8(vmovn_u16(lo), vmovn_u16(hi)));
+    vst1_u8(o + i / 2, neon_simd::pack_nibbles(codes));
+  }
+  return i;
+}
 #endif
 
 template <DType D>
 void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const Format4& f, int64_t blocksize, uint8_t* out,
                      float* absmax, int64_t b0, int64_t b1) {
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+  const Quant4 q(f);
+#endif
+#if defined(BNB_ISA_NEON)
   const Quant4 q(f);
 #endif
   // Runs start on block boundaries (even), so on byte boundaries too.
@@ -250,6 +288,9 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const Format4& f, 
     uint8_t* o = out + first / 2;
     int64_t i = 0;
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+    i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
+#endif
+#if defined(BNB_ISA_NEON)
     i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
 #endif
     // No clamp: it never changes the slot (see slot4).
@@ -359,6 +400,24 @@ void dequantize_block(const uint8_t* in, int64_t len, const float* table, float 
       __m256i b = _mm256_unpackhi_epi8(lo, hi);  // outputs 8-15 | 24-31
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_permute2x128_si256(a, b, 0x20));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i + 16), _mm256_permute2x128_si256(a, b, 0x31));
+    }
+  }
+#elif defined(BNB_ISA_NEON)
+  // The same rounded table, looked up 16 codes per TBL on its byte planes.
+  for (int c = 0; c < 16; ++c) st[c] = Elem<D>::store(table[c] * scale);
+  if constexpr (D == DType::f32) {
+    const neon_simd::Planes32 pl(st);
+    for (; i + 32 <= len; i += 32) {
+      const uint8x16x2_t c = neon_simd::unpack_nibbles(vld1q_u8(in + i / 2));
+      pl.lookup_store(c.val[0], o + i);
+      pl.lookup_store(c.val[1], o + i + 16);
+    }
+  } else {
+    const neon_simd::Planes16 pl(st);
+    for (; i + 32 <= len; i += 32) {
+      const uint8x16x2_t c = neon_simd::unpack_nibbles(vld1q_u8(in + i / 2));
+      pl.lookup_store(c.val[0], o + i);
+      pl.lookup_store(c.val[1], o + i + 16);
     }
   }
 #else

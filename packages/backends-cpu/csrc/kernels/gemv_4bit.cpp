@@ -8,6 +8,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include "kernels/neon_simd.h"
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -22,6 +25,8 @@ namespace {
 constexpr int64_t kChunk = 32;
 #elif defined(BNB_ISA_AVX2)
 constexpr int64_t kChunk = 16;
+#elif defined(BNB_ISA_NEON)
+constexpr int64_t kChunk = 16;  // 8 bytes of codes: 8 even-position weights, then 8 odd
 #else
 constexpr int64_t kChunk = 0;
 #endif
@@ -260,6 +265,33 @@ void row_bf16_avx2(const uint8_t* B, int64_t base, int64_t K, const float* absma
   }
   if (k < K) chunk_bf16_avx2<R>(row, k, t, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
   for (int r = 0; r < R; ++r) res[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
+}
+#elif defined(BNB_ISA_NEON)
+// K % 16 == 0. The 8 high nibbles (even positions) and 8 low nibbles (odd) of 8 code bytes form one index
+// vector in the order of A's de-interleaved chunk; four TBLs on the byte planes of the block's scaled
+// table (fp32, exactly the reference's weights) give the 16 weights.
+template <int R>
+void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
+              const float* a, int64_t lda, float* res) {
+  const uint8_t* row = B + base / 2;
+  float32x4_t acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = vdupq_n_f32(0.0f);
+  for_each_segment(base, K, blocksize, [&](int64_t k, int64_t kend, int64_t b) {
+    alignas(16) float tab[16];
+    const float s = absmax[b];
+    for (int i = 0; i < 16; ++i) tab[i] = code[i] * s;
+    const neon_simd::Planes32 pl(tab);
+    for (; k < kend; k += 16) {
+      const uint8x8_t bytes = vld1_u8(row + k / 2);
+      float32x4_t w[4];
+      pl.lookup(vcombine_u8(vshr_n_u8(bytes, 4), vand_u8(bytes, vdup_n_u8(15))), w);
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = vfmaq_f32(acc[r][j], w[j], vld1q_f32(a + r * lda + k + 4 * j));
+    }
+  });
+  for (int r = 0; r < R; ++r)
+    res[r] = vaddvq_f32(vaddq_f32(vaddq_f32(acc[r][0], acc[r][1]), vaddq_f32(acc[r][2], acc[r][3])));
 }
 #else
 template <int R>
@@ -613,6 +645,25 @@ void dequant_segment(const uint8_t* B, const float* tab, int64_t f, int64_t fend
       }
     }
   }
+#elif defined(BNB_ISA_NEON)
+  if (f < fend && (f & 1)) one(f++);
+  if constexpr (D == DType::f32) {
+    const neon_simd::Planes32 pl(tab);
+    for (; f + 32 <= fend; f += 32, out += 32) {
+      const uint8x16x2_t c = neon_simd::unpack_nibbles(vld1q_u8(B + f / 2));
+      pl.lookup_store(c.val[0], out);
+      pl.lookup_store(c.val[1], out + 16);
+    }
+  } else {
+    alignas(16) uint16_t t[16];
+    for (int i = 0; i < 16; ++i) t[i] = Elem<D>::store(tab[i]);
+    const neon_simd::Planes16 pl(t);
+    for (; f + 32 <= fend; f += 32, out += 32) {
+      const uint8x16x2_t c = neon_simd::unpack_nibbles(vld1q_u8(B + f / 2));
+      pl.lookup_store(c.val[0], out);
+      pl.lookup_store(c.val[1], out + 16);
+    }
+  }
 #endif
   for (; f < fend; ++f) one(f);
 }
@@ -633,6 +684,84 @@ inline const float* row_scales(const float* absmax, const NestedAbsmax* nested, 
   for (int64_t b = b0; b < b1; ++b) buf[size_t(b - b0)] = nested_scale(absmax, *nested, b);
   return buf.data() - b0;
 }
+
+#if defined(BNB_ISA_NEON_BF16)
+// f16 / bf16 A at neon_bf16: FMLAL (FEAT_FHM) and BFMLALB/T (FEAT_BF16) widen 16-bit values to fp32 and
+// multiply-add them fused into fp32 accumulators, reading A in place. The weight is the block's fp32
+// table entry rounded to A's dtype (exactly the reference's W.to(A.dtype)), so every product is exact in
+// fp32 and only the summation order differs from the reference. Needs K % 16 == 0 (rows start on a byte
+// and blocks, powers of two of at least 16 values, end on a step).
+template <DType D, int R>
+void row_half(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize, const float* code,
+              const uint16_t* a, int64_t lda, float* res) {
+  const uint8_t* row = B + base / 2;
+  float32x4_t acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = vdupq_n_f32(0.0f);
+  for_each_segment(base, K, blocksize, [&](int64_t k, int64_t kend, int64_t b) {
+    alignas(16) uint16_t tab[16];
+    const float s = absmax[b];
+    for (int i = 0; i < 16; ++i) tab[i] = Elem<D>::store(code[i] * s);
+    const neon_simd::Planes16 pl(tab);
+    for (; k < kend; k += 16) {
+      const uint8x8_t bytes = vld1_u8(row + k / 2);
+      const uint8x8_t hi = vshr_n_u8(bytes, 4), lo = vand_u8(bytes, vdup_n_u8(15));
+      uint16x8_t w[2];
+      pl.lookup(vcombine_u8(vzip1_u8(hi, lo), vzip2_u8(hi, lo)), w);  // 16 weights in k order
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const uint16x8_t x = vld1q_u16(a + r * lda + k + 8 * h);
+          if constexpr (D == DType::f16) {
+            const float16x8_t wh = vreinterpretq_f16_u16(w[h]), xh = vreinterpretq_f16_u16(x);
+            acc[r][2 * h] = vfmlalq_low_f16(acc[r][2 * h], wh, xh);
+            acc[r][2 * h + 1] = vfmlalq_high_f16(acc[r][2 * h + 1], wh, xh);
+          } else {
+            const bfloat16x8_t wb = vreinterpretq_bf16_u16(w[h]), xb = vreinterpretq_bf16_u16(x);
+            acc[r][2 * h] = vbfmlalbq_f32(acc[r][2 * h], wb, xb);
+            acc[r][2 * h + 1] = vbfmlaltq_f32(acc[r][2 * h + 1], wb, xb);
+          }
+        }
+    }
+  });
+  for (int r = 0; r < R; ++r)
+    res[r] = vaddvq_f32(vaddq_f32(vaddq_f32(acc[r][0], acc[r][1]), vaddq_f32(acc[r][2], acc[r][3])));
+}
+
+template <DType D>
+void gemv_half(const uint16_t* A, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax_in,
+               const NestedAbsmax* nested, const float* code, int64_t blocksize, const uint16_t* bias, uint16_t* y,
+               int threads) {
+  // Each output element is produced by one call of row_half, so the thread count changes nothing.
+  const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
+  parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+    float res[kMaxRows];
+    std::vector<float> sbuf;
+    const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
+    for (int64_t n = n0; n < n1; ++n) {
+      const float bn = bias ? Elem<D>::load(bias[n]) : 0.0f;
+      for (int64_t m = 0; m < M; m += kMaxRows) {
+        const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+        const uint16_t* am = A + m * K;
+        switch (R) {
+          case 1:
+            row_half<D, 1>(B, n * K, K, absmax, blocksize, code, am, K, res);
+            break;
+          case 2:
+            row_half<D, 2>(B, n * K, K, absmax, blocksize, code, am, K, res);
+            break;
+          case 3:
+            row_half<D, 3>(B, n * K, K, absmax, blocksize, code, am, K, res);
+            break;
+          default:
+            row_half<D, 4>(B, n * K, K, absmax, blocksize, code, am, K, res);
+            break;
+        }
+        for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = Elem<D>::store(res[r] + bn);
+      }
+    }
+  });
+}
+#endif
 
 }  // namespace
 
@@ -746,6 +875,20 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
         }
       }
     });
+    return;
+  }
+#endif
+#if defined(BNB_ISA_NEON_BF16)
+  // gemv_4bit_bf16_dot(0) turns this off too (tests compare it with the fp32 path); `used` keeps
+  // naming the AVX512-BF16 GEMM only, which the Python side sizes its row limit by.
+  if (dtype != DType::f32 && bf16_dot_mode && K > 0 && K % 16 == 0 && blocksize >= 16) {
+    auto* a16 = static_cast<const uint16_t*>(A);
+    auto* b16 = static_cast<const uint16_t*>(bias);
+    auto* y16 = static_cast<uint16_t*>(out);
+    if (dtype == DType::f16)
+      gemv_half<DType::f16>(a16, M, N, K, B, absmax_in, nested, code, blocksize, b16, y16, threads);
+    else
+      gemv_half<DType::bf16>(a16, M, N, K, B, absmax_in, nested, code, blocksize, b16, y16, threads);
     return;
   }
 #endif

@@ -9,6 +9,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include "kernels/neon_simd.h"
+#endif
 
 // AVX512-VNNI is not part of the avx512 level's baseline flags, so its GEMM tile is compiled with a
 // function-level target and only called when the CPU has it (the binding checks; see `vnni`).
@@ -177,6 +180,23 @@ inline float hmax8(__m256 v) {
   m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
   return _mm_cvtss_f32(m);
 }
+#elif defined(BNB_ISA_NEON)
+// code_of on 4 lanes: NaN -> 0, clamp, FRINTN (nearest even, what the magic-number add gives below 2^22).
+inline int32x4_t codes4(float32x4_t x, float32x4_t s) {
+  float32x4_t v = vmulq_f32(x, s);
+  v = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(v), vceqq_f32(v, v)));
+  v = vminq_f32(vmaxq_f32(v, vdupq_n_f32(-127.0f)), vdupq_n_f32(127.0f));
+  return vcvtq_s32_f32(vrndnq_f32(v));
+}
+
+// 16 codes (4 x 4 lanes, each in [-127, 127]) narrowed to bytes.
+inline int8x16_t narrow16(const int32x4_t* c) {
+  const int16x8_t lo = vcombine_s16(vmovn_s32(c[0]), vmovn_s32(c[1]));
+  const int16x8_t hi = vcombine_s16(vmovn_s32(c[2]), vmovn_s32(c[3]));
+  return vcombine_s8(vmovn_s16(lo), vmovn_s16(hi));
+}
+
+inline uint32x4_t is_nan4(float32x4_t v) { return vmvnq_u32(vceqq_f32(v, v)); }
 #endif
 
 // ---------------------------------------------------------------------------------------------------
@@ -231,6 +251,29 @@ void quant_row(const typename Elem<D>::T* x, int64_t K, float thr, int8_t* q, fl
     nan = nanm != 0;
     if (!nan) m = hmax8(vm);
   }
+#elif defined(BNB_ISA_NEON)
+  {
+    float32x4_t vm = vdupq_n_f32(0.0f);
+    const float32x4_t vthr = vdupq_n_f32(thr);
+    uint32x4_t nanm = vdupq_n_u32(0);
+    for (; k + 4 <= K; k += 4) {
+      float32x4_t a = vabsq_f32(neon_simd::load4<D>(x + k));
+      if (OUTL) {
+        const uint32x4_t o = vcgeq_f32(a, vthr);
+        if (vmaxvq_u32(o)) {
+          alignas(16) uint32_t ol[4];
+          vst1q_u32(ol, o);
+          for (int j = 0; j < 4; ++j)
+            if (ol[j]) lf.mark(k + j, K);
+          a = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(a), o));
+        }
+      }
+      nanm = vorrq_u32(nanm, is_nan4(a));
+      vm = vmaxq_f32(vm, a);
+    }
+    nan = vmaxvq_u32(nanm) != 0;
+    if (!nan) m = vmaxvq_f32(vm);
+  }
 #endif
   absmax_tail<D, OUTL>(x, k, K, thr, m, nan, lf);
   if (nan) m = first_nan<D>(x, K);
@@ -246,6 +289,13 @@ void quant_row(const typename Elem<D>::T* x, int64_t K, float thr, int8_t* q, fl
 #elif defined(BNB_ISA_AVX2)
   __m256 vs = _mm256_set1_ps(s);
   for (; k + 8 <= K; k += 8) codes8(load8<D>(x + k), vs, q + k);
+#elif defined(BNB_ISA_NEON)
+  const float32x4_t vs = vdupq_n_f32(s);
+  for (; k + 16 <= K; k += 16) {
+    int32x4_t c[4];
+    for (int j = 0; j < 4; ++j) c[j] = codes4(neon_simd::load4<D>(x + k + 4 * j), vs);
+    vst1q_s8(q + k, narrow16(c));
+  }
 #endif
   for (; k < K; ++k) q[k] = code_of(Elem<D>::load(x[k]), s);
 }
@@ -308,6 +358,15 @@ void col_absmax_row(const typename Elem<D>::T* x, int64_t w, float thr, float* m
     __m256 take = _mm256_and_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(mm, mm, _CMP_ORD_Q));
     _mm256_storeu_ps(m + j, _mm256_blendv_ps(r, a, take));
   }
+#elif defined(BNB_ISA_NEON)
+  const float32x4_t vthr = vdupq_n_f32(thr);
+  for (; j + 4 <= w; j += 4) {
+    float32x4_t a = vabsq_f32(neon_simd::load4<D>(x + j));
+    if (OUTL) a = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(a), vcgeq_f32(a, vthr)));
+    const float32x4_t mm = vld1q_f32(m + j);
+    const float32x4_t r = vbslq_f32(vcgtq_f32(a, mm), a, mm);  // a > mm ? a : mm (a NaN mm stays)
+    vst1q_f32(m + j, vbslq_f32(vandq_u32(is_nan4(a), vceqq_f32(mm, mm)), a, r));
+  }
 #endif
   for (; j < w; ++j) {
     float a = std::fabs(Elem<D>::load(x[j]));
@@ -335,6 +394,17 @@ void col_codes_row(const typename Elem<D>::T* x, int64_t w, float thr, const flo
     __m256 v = load8<D>(x + j);
     if (OUTL) v = _mm256_andnot_ps(_mm256_cmp_ps(abs8(v), vthr, _CMP_GE_OQ), v);
     codes8(v, _mm256_loadu_ps(s + j), q + j);
+  }
+#elif defined(BNB_ISA_NEON)
+  const float32x4_t vthr = vdupq_n_f32(thr);
+  for (; j + 16 <= w; j += 16) {
+    int32x4_t c[4];
+    for (int t = 0; t < 4; ++t) {
+      float32x4_t v = neon_simd::load4<D>(x + j + 4 * t);
+      if (OUTL) v = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(v), vcgeq_f32(vabsq_f32(v), vthr)));
+      c[t] = codes4(v, vld1q_f32(s + j + 4 * t));
+    }
+    vst1q_s8(q + j, narrow16(c));
   }
 #endif
   for (; j < w; ++j) {
@@ -388,6 +458,14 @@ void dequant_rows(const int8_t* A, const float* stats, int64_t K, float* out, in
       __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k)));
       _mm256_storeu_ps(y + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(w), vst), c));
     }
+#elif defined(BNB_ISA_NEON)
+    const float32x4_t vst = vdupq_n_f32(st), c = vdupq_n_f32(kDequantScale);
+    for (; k + 8 <= K; k += 8) {
+      const int16x8_t w = vmovl_s8(vld1_s8(q + k));
+      const float32x4_t lo = vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))), hi = vcvtq_f32_s32(vmovl_high_s16(w));
+      vst1q_f32(y + k, vmulq_f32(vmulq_f32(lo, vst), c));
+      vst1q_f32(y + k + 4, vmulq_f32(vmulq_f32(hi, vst), c));
+    }
 #endif
     for (; k < K; ++k) y[k] = (float(q[k]) * st) * kDequantScale;
   }
@@ -423,6 +501,14 @@ void mm_dequant_rows(const int32_t* A, const float* row_stats, const float* col_
       v = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_mul_ps(vrow, _mm256_loadu_ps(col_stats + n))), c);
       if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n));
       store8<D>(y + n, v);
+    }
+#elif defined(BNB_ISA_NEON)
+    const float32x4_t vrow = vdupq_n_f32(row), c = vdupq_n_f32(kMmDequantScale);
+    for (; n + 4 <= N; n += 4) {
+      float32x4_t v = vcvtq_f32_s32(vld1q_s32(a + n));  // SCVTF rounds to nearest, as float(acc) does
+      v = vmulq_f32(vmulq_f32(v, vmulq_f32(vrow, vld1q_f32(col_stats + n))), c);
+      if (bias) v = vaddq_f32(v, vld1q_f32(bias + n));
+      neon_simd::store4<D>(y + n, v);
     }
 #endif
     for (; n < N; ++n) y[n] = Elem<D>::store(mm_dequant_value(a[n], row, col_stats[n], bias, n));
@@ -560,6 +646,59 @@ void tile_avx2(const int8_t* A, const int8_t* B, int64_t K, int32_t* out) {
       out[i * kOutStride + j] = int32_t(s);
     }
 }
+#elif defined(BNB_ISA_NEON)
+// Adds the scalar K % 16 tail to the lane sums, all modulo 2**32 (ADDV and vector adds wrap).
+template <int MR, int NR>
+inline void finish_tile(const int32x4_t (&acc)[MR][NR], const int8_t* A, const int8_t* B, int64_t k, int64_t K,
+                        int32_t* out) {
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      uint32_t s = vaddvq_u32(vreinterpretq_u32_s32(acc[i][j]));
+      for (int64_t t = k; t < K; ++t) s += uint32_t(int32_t(A[i * K + t]) * int32_t(B[j * K + t]));
+      out[i * kOutStride + j] = int32_t(s);
+    }
+}
+
+#if defined(BNB_ISA_NEON_DOTPROD)
+// FEAT_DotProd: SDOT adds four int8 x int8 products into each int32 lane (at most 4 * 2^14: no overflow
+// before the wrapping accumulate).
+template <int MR, int NR>
+void tile_neon(const int8_t* A, const int8_t* B, int64_t K, int32_t* out) {
+  int32x4_t acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = vdupq_n_s32(0);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    int8x16_t a[MR], b[NR];
+    for (int i = 0; i < MR; ++i) a[i] = vld1q_s8(A + i * K + k);
+    for (int j = 0; j < NR; ++j) b[j] = vld1q_s8(B + j * K + k);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) acc[i][j] = vdotq_s32(acc[i][j], a[i], b[j]);
+  }
+  finish_tile<MR, NR>(acc, A, B, k, K, out);
+}
+#else
+// Armv8.0: SMULL / SMULL2 multiply 8 int8 pairs into int16 (|product| <= 2^14 fits), SADALP adds
+// neighbouring products into the int32 lanes (wrapping).
+template <int MR, int NR>
+void tile_neon(const int8_t* A, const int8_t* B, int64_t K, int32_t* out) {
+  int32x4_t acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = vdupq_n_s32(0);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    int8x16_t a[MR], b[NR];
+    for (int i = 0; i < MR; ++i) a[i] = vld1q_s8(A + i * K + k);
+    for (int j = 0; j < NR; ++j) b[j] = vld1q_s8(B + j * K + k);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) {
+        acc[i][j] = vpadalq_s16(acc[i][j], vmull_s8(vget_low_s8(a[i]), vget_low_s8(b[j])));
+        acc[i][j] = vpadalq_s16(acc[i][j], vmull_high_s8(a[i], b[j]));
+      }
+  }
+  finish_tile<MR, NR>(acc, A, B, k, K, out);
+}
+#endif
 #endif
 
 // Tile functions for every edge size: table[mr - 1][nr - 1].
@@ -601,6 +740,8 @@ BNB_TILE_WRAPPER(VnniTile, tile_vnni)
 #endif
 #elif defined(BNB_ISA_AVX2)
 BNB_TILE_WRAPPER(Avx2Tile, tile_avx2)
+#elif defined(BNB_ISA_NEON)
+BNB_TILE_WRAPPER(NeonTile, tile_neon)
 #endif
 #undef BNB_TILE_WRAPPER
 
@@ -664,6 +805,10 @@ void run_gemm(const int8_t* A, const int8_t* B, int64_t M, int64_t N, int64_t K,
 #elif defined(BNB_ISA_AVX2)
   (void)vnni;
   static const auto table = make_table<Avx2Tile, 2, 4>();
+  gemm(table, A, B, M, N, K, nullptr, threads, epi);
+#elif defined(BNB_ISA_NEON)
+  (void)vnni;
+  static const auto table = make_table<NeonTile, 4, 4>();  // 16 accumulators + 8 operands of 32 registers
   gemm(table, A, B, M, N, K, nullptr, threads, epi);
 #else
   (void)vnni;

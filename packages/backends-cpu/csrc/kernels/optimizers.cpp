@@ -14,6 +14,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include "kernels/neon_simd.h"
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -32,6 +35,11 @@ void load_floats(const typename Elem<D>::T* __restrict src, float* __restrict ds
   if constexpr (D == DType::f16) {
     for (; i + 8 <= len; i += 8)
       _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+#if defined(BNB_ISA_NEON)
+  if constexpr (D != DType::f32) {
+    for (; i + 4 <= len; i += 4) vst1q_f32(dst + i, neon_simd::load4<D>(src + i));
   }
 #endif
   for (; i < len; ++i) dst[i] = Elem<D>::load(src[i]);
@@ -58,6 +66,11 @@ void store_floats(const float* __restrict src, typename Elem<D>::T* __restrict d
     for (; i + 8 <= len; i += 8)
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
                        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+#if defined(BNB_ISA_NEON)
+  if constexpr (D == DType::f16) {
+    for (; i + 4 <= len; i += 4) vst1_u16(dst + i, neon_simd::round_f16(vld1q_f32(src + i)));
   }
 #endif
   for (; i < len; ++i) dst[i] = Elem<D>::store(src[i]);
@@ -270,6 +283,18 @@ float absmax_of(const float* __restrict x, int64_t len, bool* signs) {
   for (uint32_t l : lanes) top = l > top ? l : top;
   nan = top > 0x7f800000u;
   m = nan ? 0.0f : bits_to_float(top);
+#elif defined(BNB_ISA_NEON)
+  // The same integer max of the magnitude bits (every NaN's sort above inf's).
+  const uint32x4_t abs_mask = vdupq_n_u32(0x7fffffffu);
+  const uint32_t* u = reinterpret_cast<const uint32_t*>(x);
+  uint32x4_t acc0 = vdupq_n_u32(0), acc1 = acc0;
+  for (; i + 8 <= len; i += 8) {
+    acc0 = vmaxq_u32(acc0, vandq_u32(vld1q_u32(u + i), abs_mask));
+    acc1 = vmaxq_u32(acc1, vandq_u32(vld1q_u32(u + i + 4), abs_mask));
+  }
+  const uint32_t top = vmaxvq_u32(vmaxq_u32(acc0, acc1));
+  nan = top > 0x7f800000u;
+  m = nan ? 0.0f : bits_to_float(top);
 #endif
   for (; i < len; ++i) {
     float v = std::fabs(x[i]);
@@ -352,6 +377,24 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, bool s
       run(std::true_type{}, std::false_type{});
     else
       run(std::false_type{}, std::false_type{});
+  }
+#elif defined(BNB_ISA_NEON)
+  {
+    const search8::Keyed keyed(map);
+    const float32x4_t inv = vdupq_n_f32(scale.inv), clamped = vdupq_n_f32(scale.clamped);
+    const float32x4_t lo = vdupq_n_f32(-1.0f), hi = vdupq_n_f32(1.0f);
+    const bool full = scale.full;
+    for (; i + 16 <= len; i += 16) {
+      uint32x4_t j[4];
+      for (int k = 0; k < 4; ++k) {
+        const float32x4_t v = vld1q_f32(x + i + 4 * k);
+        const float32x4_t s = full ? vmulq_f32(v, inv) : vdivq_f32(v, clamped);
+        j[k] = keyed.slot(vminq_f32(hi, vmaxq_f32(lo, s)));  // FMAX / FMIN keep NaN, like scale()
+      }
+      vst1q_u8(out + i, search8::narrow_slots(j));
+      if (!map.identity)
+        for (int k = 0; k < 16; ++k) out[i + k] = uint8_t(map.order[out[i + k]]);
+    }
   }
 #endif
   for (; i < len; ++i) out[i] = uint8_t(map.order[search8::keyed_slot(map, scale(x[i]))]);

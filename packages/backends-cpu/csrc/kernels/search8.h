@@ -16,6 +16,9 @@
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
+#if defined(BNB_ISA_NEON)
+#include <arm_neon.h>
+#endif
 
 namespace bnb {
 namespace BNB_ISA_NS {
@@ -194,6 +197,54 @@ struct Keyed {
     return j;
   }
 };
+#elif defined(BNB_ISA_NEON)
+// keyed_slot for 4 values: the key arithmetic and the entry compare in vectors, the entry loads by lane
+// (no gathers), flagged keys stepped on by lane exactly as keyed_slot does.
+struct Keyed {
+  const NearestCode& map;
+  uint32x4_t floor, keys, low_mask;
+  int32x4_t down, down_thr;
+  explicit Keyed(const NearestCode& m)
+      : map(m),
+        floor(vdupq_n_u32(m.floor_bits)),
+        keys(vdupq_n_u32(uint32_t(m.keys))),
+        low_mask(vdupq_n_u32((1u << m.shift) - 1)),
+        down(vdupq_n_s32(-m.shift)),
+        down_thr(vdupq_n_s32(m.shift - 32)) {}
+  uint32x4_t slot(float32x4_t s) const {
+    const uint32x4_t ok = vceqq_f32(s, s);
+    const uint32x4_t bits = vreinterpretq_u32_f32(s);
+    const uint32x4_t flip = vandq_u32(vreinterpretq_u32_s32(vshrq_n_s32(vreinterpretq_s32_u32(bits), 31)), low_mask);
+    uint32x4_t key = vshlq_u32(vsubq_u32(vmaxq_u32(vandq_u32(bits, vdupq_n_u32(0x7fffffffu)), floor), floor), down);
+    key = vandq_u32(ok, vaddq_u32(key, vandq_u32(vtstq_u32(flip, flip), keys)));  // NaN: any valid key
+    alignas(16) uint32_t k4[4], e4[4];
+    vst1q_u32(k4, key);
+    for (int l = 0; l < 4; ++l) e4[l] = map.entry[k4[l]];
+    const uint32x4_t e = vld1q_u32(e4);
+    const uint32x4_t low = veorq_u32(vandq_u32(bits, low_mask), flip);
+    // True (all ones, -1) where the key's one midpoint lies below s: one slot up.
+    uint32x4_t j = vsubq_u32(vandq_u32(e, vdupq_n_u32(0xffu)), vcltq_u32(vshlq_u32(e, down_thr), low));
+    j = vbslq_u32(ok, j, vdupq_n_u32(255));
+    if (map.flagged && vmaxvq_u32(vandq_u32(ok, vandq_u32(e, vdupq_n_u32(0x100u))))) {
+      alignas(16) uint32_t j4[4];
+      alignas(16) float s4[4];
+      vst1q_u32(j4, j);
+      vst1q_f32(s4, s);
+      for (int l = 0; l < 4; ++l)
+        if ((e4[l] & 0x100u) && s4[l] == s4[l])
+          while (map.mids[j4[l]] < s4[l]) ++j4[l];  // mids[255] is +inf
+      j = vld1q_u32(j4);
+    }
+    return j;
+  }
+};
+
+// 16 slots (4 x 4 lanes, each <= 255) narrowed to bytes.
+inline uint8x16_t narrow_slots(const uint32x4_t* j) {
+  const uint16x8_t lo = vcombine_u16(vmovn_u32(j[0]), vmovn_u32(j[1]));
+  const uint16x8_t hi = vcombine_u16(vmovn_u32(j[2]), vmovn_u32(j[3]));
+  return vcombine_u8(vmovn_u16(lo), vmovn_u16(hi));
+}
 #endif
 
 }  // namespace search8
