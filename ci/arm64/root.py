@@ -6,11 +6,12 @@ Everything lives under one cache folder, so a second run skips the setup:
 
     <cache>/root            the Debian bookworm arm64 root (a .ready stamp once complete)
     <cache>/root/opt/base   venv: torch and the test tools, no bitsandbytes
-    <cache>/root/opt/venv-<name>  per-checkout venvs on top of base (see ``venv``): core + CPU backend
-    <cache>/pip             pip's download cache, mounted at /root/.cache/pip inside
+    <cache>/root/opt/venv-<name>  per-checkout venvs on top of base (ensure_venv): core + CPU backend
+    <cache>/wheels          the wheels base was installed from, mounted at /root/wheels inside (pip's own
+                            cache cannot help: a proxy that sends no caching headers makes it keep nothing)
 
 Commands run in a private mount namespace (``unshare --mount``): /proc, /sys, /dev, the checkout (at the
-same absolute path as on the host) and the pip cache are mounted for that command only and vanish with
+same absolute path as on the host) and the wheels folder are mounted for that command only and vanish with
 it, so runs from several checkouts can share one root at once. Needs root (chroot, mount).
 
     python ci/arm64/root.py setup [--cache DIR]
@@ -41,6 +42,7 @@ HOST_PACKAGES = {
 DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
 BASE = "/opt/base"
+WHEELS = "/root/wheels"
 # The host's CA bundle, copied in: pip inside must trust what the host trusts (a proxy's CA included).
 CA_IN_ROOT = "/etc/ssl/certs/host-ca-bundle.crt"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -110,7 +112,6 @@ def root_env(cpu: str | None, extra: dict[str, str] | None = None, venv: str | N
         "PATH": path,
         "HOME": "/root",
         "LANG": "C.UTF-8",
-        "PIP_CACHE_DIR": "/root/.cache/pip",
         "PIP_CERT": CA_IN_ROOT,
         "SSL_CERT_FILE": CA_IN_ROOT,
         "REQUESTS_CA_BUNDLE": CA_IN_ROOT,
@@ -137,15 +138,15 @@ def run_in_root(
 ) -> int:
     """Runs argv inside the root, the checkout mounted at its host path, in a mount namespace of its own."""
     root = cache / "root"
-    pip = cache / "pip"
-    pip.mkdir(parents=True, exist_ok=True)
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
     checkout = str(REPO)
     mounts = [
         f"mount -t proc proc {q(root / 'proc')}",
         f"mount --rbind /sys {q(root / 'sys')}",
         f"mount --rbind /dev {q(root / 'dev')}",
         f"mkdir -p {q(str(root) + checkout)} && mount --bind {q(checkout)} {q(str(root) + checkout)}",
-        f"mkdir -p {q(root / 'root/.cache/pip')} && mount --bind {q(pip)} {q(root / 'root/.cache/pip')}",
+        f"mkdir -p {q(root / WHEELS.lstrip('/'))} && mount --bind {q(wheels)} {q(root / WHEELS.lstrip('/'))}",
     ]
     inner_env = root_env(cpu, env, venv)
     inner = shlex.join(["env", "-i", *(f"{k}={v}" for k, v in inner_env.items()), *argv])
@@ -171,7 +172,10 @@ def ensure_base_venv(cache: Path) -> None:
         return
     shutil.copyfile(REQUIREMENTS, root / "tmp" / "bnb-requirements.txt")
     run_in_root(cache, ["python3", "-m", "venv", "--clear", BASE], cwd="/")
-    run_in_root(cache, [f"{BASE}/bin/pip", "install", "-r", "/tmp/bnb-requirements.txt"], cwd="/")
+    # Downloads kept in <cache>/wheels (pip skips files already there), then installed from there only.
+    req = "/tmp/bnb-requirements.txt"
+    run_in_root(cache, [f"{BASE}/bin/pip", "download", "-q", "-d", WHEELS, "-r", req], cwd="/")
+    run_in_root(cache, [f"{BASE}/bin/pip", "install", "--no-index", "--find-links", WHEELS, "-r", req], cwd="/")
     stamp.write_text(wanted)
 
 
