@@ -15,7 +15,7 @@ same absolute path as on the host) and the wheels folder are mounted for that co
 it, so runs from several checkouts can share one root at once. Needs root (chroot, mount).
 
     python ci/arm64/root.py setup [--cache DIR]
-    python ci/arm64/root.py shell [--cache DIR] [--venv NAME] [--cpu max] -- COMMAND...
+    python ci/arm64/root.py shell [--cache DIR] [--venv NAME] [--cpu max] [--checkout DIR] -- COMMAND...
 """
 
 from __future__ import annotations
@@ -135,12 +135,13 @@ def run_in_root(
     cwd: str | None = None,
     venv: str | None = None,
     check: bool = True,
+    checkout: Path = REPO,
 ) -> int:
     """Runs argv inside the root, the checkout mounted at its host path, in a mount namespace of its own."""
     root = cache / "root"
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    checkout = str(REPO)
+    checkout = str(Path(checkout).resolve())
     mounts = [
         f"mount -t proc proc {q(root / 'proc')}",
         f"mount --rbind /sys {q(root / 'sys')}",
@@ -209,15 +210,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["setup", "shell"])
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    parser.add_argument("--venv", default=venv_name(), help="name of this checkout's venv in the root")
+    parser.add_argument("--venv", help="name of the checkout's venv in the root (default: the checkout's folder name)")
     parser.add_argument("--cpu", default="max", help="QEMU_CPU: max, neoverse-n1, cortex-a76, cortex-a72, ...")
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the tree to mount (default: this one)")
     parser.add_argument("argv", nargs="*")
     args = parser.parse_args()
     setup(args.cache)
     if args.command == "setup":
         return 0
-    venv = ensure_venv(args.cache, args.venv)
-    return run_in_root(args.cache, args.argv or ["bash"], cpu=args.cpu, venv=venv, check=False)
+    venv = ensure_venv(args.cache, args.venv or os.environ.get("BNB_ARM64_VENV") or args.checkout.resolve().name)
+    argv = args.argv or ["bash"]
+    return run_in_root(args.cache, argv, cpu=args.cpu, venv=venv, check=False, checkout=args.checkout)
 
 
 if __name__ == "__main__":

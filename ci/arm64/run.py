@@ -64,8 +64,7 @@ class Runner:
         env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(self.jobs)}
         pip = ("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps")
         return (
-            self.run([*pip, "-e", "packages/core"], env=env) == 0
-            and self.run([*pip, "--force-reinstall", "./packages/backends-cpu"], env=env) == 0
+            self.run([*pip, "--force-reinstall", "./packages/core", "./packages/backends-cpu"], env=env) == 0
             and self.run(["python", "-m", "bitsandbytes"], env=STRICT) == 0
         )
 
