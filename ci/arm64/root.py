@@ -213,8 +213,11 @@ def main() -> int:
     parser.add_argument("--venv", help="name of the checkout's venv in the root (default: the checkout's folder name)")
     parser.add_argument("--cpu", default="max", help="QEMU_CPU: max, neoverse-n1, cortex-a76, cortex-a72, ...")
     parser.add_argument("--checkout", type=Path, default=REPO, help="the tree to mount (default: this one)")
-    parser.add_argument("argv", nargs="*")
-    args = parser.parse_args()
+    # Everything after `--` is the command (argparse would take a nargs="*" positional before the options).
+    argv = sys.argv[1:]
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.argv = command
     setup(args.cache)
     if args.command == "setup":
         return 0
