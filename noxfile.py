@@ -37,7 +37,8 @@ UPSTREAM_BEHAVIOUR_EMULATED = (*UPSTREAM_BEHAVIOUR_TESTS, "-k", "not accuracy an
 # Real multi-process runs (FSDP2, torch.distributed.checkpoint) on gloo ranks; run on the native kernels.
 DISTRIBUTED_TESTS = "packages/core/tests/distributed"
 
-# ISA levels the CPU backend's conformance run covers; "native" is the best this machine has.
+# x86 ISA levels the sanitizer run covers ("native" is the best this machine has); `tests` asks the installed
+# backend instead (_cpu_isas), so it covers the arm64 levels on arm64 runners too.
 CPU_ISAS = ("native", "avx2", "scalar")
 
 # The one architecture CI builds the CUDA backend for (the full list is in its CMakeLists.txt).
@@ -77,7 +78,7 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "-q", *compat, *UPSTREAM_BEHAVIOUR_TESTS, env=strict)
     upstream_loads_our_checkpoints(session, env=strict)
     session.run("pytest", "-q", DISTRIBUTED_TESTS, env=strict)
-    for isa in CPU_ISAS:
+    for isa in _cpu_isas(session):
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
         session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
 
@@ -96,6 +97,24 @@ def tests(session: nox.Session) -> None:
         session.run("pytest", "-q", ctypes_clients, *emulated, env={**strict, "BNB_BACKENDS": "none"})
 
     wheels_installed_as_a_user_would(session)
+
+
+def _cpu_isas(session: nox.Session) -> list[str]:
+    """ "native" (the best level this CPU runs), then every lower level, as the installed CPU backend reports
+    them: x86 avx2 and scalar, arm64 neon_dotprod, neon and scalar (as far as this CPU has them)."""
+    code = "import bitsandbytes_cpu as c; print(' '.join(c.supported_isas()))"
+    levels = session.run("python", "-c", code, silent=True).strip().splitlines()[-1].split()
+    return ["native", *reversed(levels[:-1])]
+
+
+@nox.session(name="tests-arm64", venv_backend="none")
+def tests_arm64(session: nox.Session) -> None:
+    """The CPU backend on emulated arm64 (Linux x86-64 host, root): qemu-user through binfmt_misc, a Debian
+    bookworm arm64 root made with debootstrap, torch 2.9.1 (PyPI's aarch64 CPU build), the backend compiled
+    natively in the root; then the ISA detection under several emulated CPUs, the conformance suite at every
+    arm64 level, the backend's tests and the upstream compatibility fixtures (ci/arm64/run.py; posargs name
+    steps, e.g. `-- build conformance-best`). Cached under $BNB_ARM64_CACHE (default .nox/arm64-cache)."""
+    session.run(sys.executable, "ci/arm64/run.py", *session.posargs, external=True)
 
 
 @nox.session(name="tests-distributed")

@@ -135,6 +135,12 @@ void parallel_for(int64_t n, int64_t grain, int threads, const std::function<voi
   namespace neon {              \
   DECLS                         \
   }                             \
+  namespace neon_dotprod {      \
+  DECLS                         \
+  }                             \
+  namespace neon_bf16 {         \
+  DECLS                         \
+  }                             \
   }
 #else
 #define BNB_FOR_EACH_ISA(DECLS) \

@@ -10,6 +10,14 @@
 #include <cpuid.h>
 #endif
 
+#if defined(BNB_HAVE_NEON) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(BNB_HAVE_NEON) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#elif defined(BNB_HAVE_NEON) && defined(_WIN32)
+#include <windows.h>
+#endif
+
 namespace bnb {
 namespace {
 
@@ -49,9 +57,75 @@ bool cpu_has_avx512() {
 #endif
 }
 
+#if defined(BNB_HAVE_NEON)
+// The optional arm64 extensions the neon_dotprod and neon_bf16 levels need, as the OS reports them (user
+// space cannot read the ID registers everywhere; the kernel and macOS filter them anyway).
+struct ArmFeatures {
+  bool dotprod = false, bf16 = false, fhm = false, i8mm = false;
+};
+
+#if defined(__linux__)
+// Bit values from the Linux kernel's arch/arm64/include/uapi/asm/hwcap.h, for older libc headers.
+constexpr unsigned long kHwcapAsimddp = 1ul << 20;
+constexpr unsigned long kHwcapAsimdfhm = 1ul << 23;
+constexpr unsigned long kHwcap2I8mm = 1ul << 13;
+constexpr unsigned long kHwcap2Bf16 = 1ul << 14;
+#ifndef AT_HWCAP2
+#define AT_HWCAP2 26
+#endif
+
+ArmFeatures arm_features() {
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  ArmFeatures f;
+  f.dotprod = hw & kHwcapAsimddp;
+  f.fhm = hw & kHwcapAsimdfhm;
+  f.i8mm = hw2 & kHwcap2I8mm;
+  f.bf16 = hw2 & kHwcap2Bf16;
+  return f;
+}
+#elif defined(__APPLE__)
+bool sysctl_flag(const char* name) {
+  int value = 0;
+  size_t size = sizeof value;
+  // A name this macOS does not know (FEAT_* came with macOS 12) reads as absent.
+  return sysctlbyname(name, &value, &size, nullptr, 0) == 0 && value != 0;
+}
+
+ArmFeatures arm_features() {
+  ArmFeatures f;
+  f.dotprod = sysctl_flag("hw.optional.arm.FEAT_DotProd");
+  f.bf16 = sysctl_flag("hw.optional.arm.FEAT_BF16");
+  f.fhm = sysctl_flag("hw.optional.arm.FEAT_FHM");
+  f.i8mm = sysctl_flag("hw.optional.arm.FEAT_I8MM");
+  return f;
+}
+#elif defined(_WIN32)
+#ifndef PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE
+#define PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE 43
+#endif
+
+// Windows reports DotProd but no BF16 / I8MM feature: neon_dotprod is the most it can pick.
+ArmFeatures arm_features() {
+  ArmFeatures f;
+  f.dotprod = IsProcessorFeaturePresent(PF_ARM_V82_DP_INSTRUCTIONS_AVAILABLE);
+  return f;
+}
+#else
+ArmFeatures arm_features() { return {}; }
+#endif
+#endif
+
 Isa detect() {
 #if defined(BNB_HAVE_NEON)
-  return Isa::neon;  // Advanced SIMD is part of the aarch64 baseline.
+  // Advanced SIMD is part of the aarch64 baseline; the higher levels need what their kernels may use.
+  const ArmFeatures f = arm_features();
+#if defined(BNB_HAVE_NEON_BF16)
+  if (f.dotprod && f.bf16 && f.fhm && f.i8mm) return Isa::neon_bf16;
+#endif
+#if defined(BNB_HAVE_NEON_DOTPROD)
+  if (f.dotprod) return Isa::neon_dotprod;
+#endif
+  return Isa::neon;
 #else
   if (cpu_has_avx512()) return Isa::avx512;
   if (cpu_has_avx2()) return Isa::avx2;
@@ -74,17 +148,43 @@ const char* isa_name(Isa isa) {
       return "avx512";
     case Isa::neon:
       return "neon";
+    case Isa::neon_dotprod:
+      return "neon_dotprod";
+    case Isa::neon_bf16:
+      return "neon_bf16";
     default:
       return "scalar";
   }
 }
 
-std::vector<Isa> supported_isas() {
+std::vector<Isa> compiled_isas() {
   std::vector<Isa> out{Isa::scalar};
-  Isa best = best_isa();
-  if (best == Isa::neon) out.push_back(Isa::neon);
-  if (best == Isa::avx2 || best == Isa::avx512) out.push_back(Isa::avx2);
-  if (best == Isa::avx512) out.push_back(Isa::avx512);
+#if defined(BNB_HAVE_AVX2)
+  out.push_back(Isa::avx2);
+#endif
+#if defined(BNB_HAVE_AVX512)
+  out.push_back(Isa::avx512);
+#endif
+#if defined(BNB_HAVE_NEON)
+  out.push_back(Isa::neon);
+#endif
+#if defined(BNB_HAVE_NEON_DOTPROD)
+  out.push_back(Isa::neon_dotprod);
+#endif
+#if defined(BNB_HAVE_NEON_BF16)
+  out.push_back(Isa::neon_bf16);
+#endif
+  return out;
+}
+
+std::vector<Isa> supported_isas() {
+  // Each architecture's levels build on the one below: a CPU that runs one runs every lower one.
+  std::vector<Isa> out;
+  const Isa best = best_isa();
+  for (Isa isa : compiled_isas()) {
+    out.push_back(isa);
+    if (isa == best) break;
+  }
   return out;
 }
 

@@ -6,11 +6,15 @@
 
 namespace bnb {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
+// x86: scalar < avx2 < avx512. arm64: scalar < neon (Armv8.0 Advanced SIMD, the aarch64 baseline) <
+// neon_dotprod (+FEAT_DotProd) < neon_bf16 (+DotProd, FEAT_BF16, FEAT_FHM, FEAT_I8MM).
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, neon = 3, neon_dotprod = 4, neon_bf16 = 5 };
 
 const char* isa_name(Isa isa);
 // Levels this build compiled and this CPU can run, lowest first.
 std::vector<Isa> supported_isas();
+// Levels this build compiled, lowest first (a CPU may run fewer).
+std::vector<Isa> compiled_isas();
 Isa best_isa();
 Isa active_isa();
 // Throws std::invalid_argument (ValueError in Python) for an unknown or unsupported level.
@@ -33,6 +37,40 @@ void set_active_isa(const std::string& name);
         ::bnb::scalar::fn(__VA_ARGS__); \
         break;                          \
     }                                   \
+  } while (0)
+#elif defined(BNB_HAVE_NEON_BF16)
+#define BNB_DISPATCH(fn, ...)                 \
+  do {                                        \
+    switch (::bnb::active_isa()) {            \
+      case ::bnb::Isa::neon_bf16:             \
+        ::bnb::neon_bf16::fn(__VA_ARGS__);    \
+        break;                                \
+      case ::bnb::Isa::neon_dotprod:          \
+        ::bnb::neon_dotprod::fn(__VA_ARGS__); \
+        break;                                \
+      case ::bnb::Isa::neon:                  \
+        ::bnb::neon::fn(__VA_ARGS__);         \
+        break;                                \
+      default:                                \
+        ::bnb::scalar::fn(__VA_ARGS__);       \
+        break;                                \
+    }                                         \
+  } while (0)
+#elif defined(BNB_HAVE_NEON_DOTPROD)
+// MSVC ARM64 builds stop here (CMakeLists.txt): Windows cannot report FEAT_BF16, so no neon_bf16.
+#define BNB_DISPATCH(fn, ...)                 \
+  do {                                        \
+    switch (::bnb::active_isa()) {            \
+      case ::bnb::Isa::neon_dotprod:          \
+        ::bnb::neon_dotprod::fn(__VA_ARGS__); \
+        break;                                \
+      case ::bnb::Isa::neon:                  \
+        ::bnb::neon::fn(__VA_ARGS__);         \
+        break;                                \
+      default:                                \
+        ::bnb::scalar::fn(__VA_ARGS__);       \
+        break;                                \
+    }                                         \
   } while (0)
 #elif defined(BNB_HAVE_NEON)
 #define BNB_DISPATCH(fn, ...)                    \

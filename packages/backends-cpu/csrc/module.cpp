@@ -26,6 +26,14 @@ NB_MODULE(_C, m) {
         return out;
       },
       "Levels this build and CPU can run, lowest first.");
+  m.def(
+      "compiled_isas",
+      [] {
+        std::vector<std::string> out;
+        for (auto isa : bnb::compiled_isas()) out.emplace_back(bnb::isa_name(isa));
+        return out;
+      },
+      "Levels this build compiled, lowest first (this CPU may run fewer: supported_isas).");
   m.def("set_isa", &bnb::set_active_isa, nb::arg("name"), "Run kernels at this level (at most best_isa()).");
   for (auto fn : bnb::binding_registry()) fn(m);
 }

@@ -34,6 +34,7 @@ def _diagnostics() -> dict:
         "isa": _C.isa(),
         "best isa": _C.best_isa(),
         "supported isas": ", ".join(_C.supported_isas()),
+        "compiled isas": ", ".join(_C.compiled_isas()),
         "threads (torch.get_num_threads)": torch.get_num_threads(),
         "native ops": len(ops.REGISTERED),
     }

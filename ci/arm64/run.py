@@ -1,0 +1,144 @@
+"""`nox -s tests-arm64`: the CPU backend built and tested on emulated arm64 (ci/arm64/root.py).
+
+Steps, in order (name some to run only those: `nox -s tests-arm64 -- build conformance-best`):
+
+    setup             host packages, binfmt, the Debian arm64 root, the base venv (cached: skipped next time)
+    build             the core and the CPU backend, compiled natively in the root (under qemu-user)
+    detect            the ISA level detected under several emulated CPUs (QEMU_CPU) and natively-read features
+    conformance       `python -m bitsandbytes.testing --device cpu -q` at every arm64 level (QEMU_CPU=max)
+    conformance-best  the same at the best level only (the short selection)
+    backend-tests     packages/backends-cpu/tests
+    compat            the upstream compatibility fixtures (packages/core/tests/test_compat_*.py)
+
+Every step runs even when an earlier test step failed; the exit status says whether all passed. The wall
+time of each step goes to build/arm64/times.json and the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import root as arm64  # this folder's root.py, not an installed module
+
+STEPS = ("setup", "build", "detect", "conformance", "backend-tests", "compat")
+OPTIONAL = ("conformance-best",)
+STRICT = {"BNB_STRICT_BACKENDS": "1"}
+PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider")
+COMPAT = ("packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py")
+TIMES = arm64.REPO / "build" / "arm64" / "times.json"
+
+
+class Runner:
+    def __init__(self, cache: Path, venv_name: str, jobs: int):
+        self.cache = cache
+        self.venv_name = venv_name
+        self.venv: str | None = None
+        self.jobs = jobs
+        self.times: dict[str, float] = {}
+        self.failed: list[str] = []
+
+    def run(self, argv, **kwargs) -> int:
+        return arm64.run_in_root(self.cache, list(argv), venv=self.venv, check=False, **kwargs)
+
+    def step(self, name: str, fn) -> None:
+        arm64.log(f"--- {name}")
+        start = time.monotonic()
+        ok = fn()
+        self.times[name] = round(time.monotonic() - start, 1)
+        arm64.log(f"--- {name}: {'ok' if ok else 'FAILED'} in {self.times[name]:.1f} s")
+        if not ok:
+            self.failed.append(name)
+
+    def setup(self) -> bool:
+        arm64.setup(self.cache)
+        self.venv = arm64.ensure_venv(self.cache, self.venv_name)
+        return True
+
+    def build(self) -> bool:
+        env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(self.jobs)}
+        pip = ("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps")
+        return (
+            self.run([*pip, "--force-reinstall", "./packages/core", "./packages/backends-cpu"], env=env) == 0
+            and self.run(["python", "-m", "bitsandbytes"], env=STRICT) == 0
+        )
+
+    def levels(self) -> list[str]:
+        out = arm64.REPO / "build" / "arm64" / "levels.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        code = "import bitsandbytes_cpu as c, sys; open(sys.argv[1], 'w').write(' '.join(c.supported_isas()))"
+        if self.run(["python", "-c", code, str(out)]) != 0:
+            return []
+        return out.read_text().split()
+
+    def detect(self) -> bool:
+        test = "packages/backends-cpu/tests/test_isa_detection.py"
+        return self.run([*PYTEST, "-rs", test], env=STRICT) == 0
+
+    def conformance(self, best_only: bool) -> bool:
+        levels = self.levels()
+        if not levels:
+            return False
+        ok = True
+        for level in levels[-1:] if best_only else levels:
+            arm64.log(f"conformance at BNB_CPU_ISA={level}")
+            start = time.monotonic()
+            argv = ["python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q"]
+            ok &= self.run(argv, env={**STRICT, "BNB_CPU_ISA": level}) == 0
+            self.times[f"conformance[{level}]"] = round(time.monotonic() - start, 1)
+        return ok
+
+    def backend_tests(self) -> bool:
+        return self.run([*PYTEST, "packages/backends-cpu/tests"], env=STRICT) == 0
+
+    def compat(self) -> bool:
+        return self.run([*PYTEST, *COMPAT], env=STRICT) == 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("steps", nargs="*", help=f"steps to run (default: all of {', '.join(STEPS)})")
+    parser.add_argument("--cache", type=Path, default=arm64.DEFAULT_CACHE)
+    parser.add_argument("--venv", default=arm64.venv_name())
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = parser.parse_args()
+    unknown = [s for s in args.steps if s not in STEPS + OPTIONAL]
+    if unknown:
+        parser.error(f"unknown step(s) {unknown}; steps are {', '.join(STEPS + OPTIONAL)}")
+    wanted = args.steps or list(STEPS)
+    r = Runner(args.cache, args.venv, args.jobs)
+    total = time.monotonic()
+    # setup always runs (a no-op once cached): every other step needs the root and the venv.
+    r.step("setup", r.setup)
+    actions = {
+        "build": r.build,
+        "detect": r.detect,
+        "conformance": lambda: r.conformance(best_only=False),
+        "conformance-best": lambda: r.conformance(best_only=True),
+        "backend-tests": r.backend_tests,
+        "compat": r.compat,
+    }
+    for name in STEPS + OPTIONAL:
+        if name in wanted and name != "setup":
+            if name != "build" and "build" in r.failed:
+                r.failed.append(name)
+                arm64.log(f"--- {name}: skipped, the build failed")
+                continue
+            r.step(name, actions[name])
+    r.times["total"] = round(time.monotonic() - total, 1)
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    TIMES.write_text(json.dumps({"steps": wanted, "seconds": r.times, "failed": r.failed}, indent=2) + "\n")
+    arm64.log("times (s): " + ", ".join(f"{k} {v}" for k, v in r.times.items()))
+    if r.failed:
+        arm64.log(f"FAILED: {', '.join(r.failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
