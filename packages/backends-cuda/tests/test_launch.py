@@ -4,6 +4,7 @@ the library, then loaded), launch geometry and argument checks on both paths."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import sys
@@ -99,22 +100,31 @@ def test_generator_rejects_a_table_naming_a_missing_source(tmp_path, monkeypatch
 
 @pytest.fixture(scope="module")
 def built_library(tmp_path_factory):
-    """The library as CMake builds it (generated launchers + library.cu, static cudart), for one arch."""
+    """The library as CMake builds it (generated launchers + library.cu, static cudart), for one arch.
+    One nvcc per source, as many at once as there are cores (one nvcc call would compile them in turn:
+    the slowest setup of this folder), then one link."""
     if NVCC is None:
         pytest.skip("needs the CUDA compiler nvcc")
+    from concurrent.futures import ThreadPoolExecutor
+
     out = tmp_path_factory.mktemp("lib")
-    sources = [str(p) for p in _generate.generate(CSRC, out / "gen")] + [
-        str(CSRC / "library.cu"),
-        str(CSRC / "paged.cu"),
-        str(CSRC / "upstream_api.cu"),
-    ]
-    lib = out / "libbnb_cuda.so"
-    cmd = [
-        NVCC, "-arch=sm_80", "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra", "--Werror=all-warnings",
-        "-cudart=static", "-I", str(CSRC), "-I", str(out / "gen"), "-I", bitsandbytes.get_include(),
-        '-DBNB_CUDA_ARCHS_STRING="sm_80 compute_80 (PTX)"', *sources, "-o", str(lib),
+    sources = [*_generate.generate(CSRC, out / "gen"), CSRC / "library.cu", CSRC / "paged.cu", CSRC / "upstream_api.cu"]
+    compile_ = [
+        NVCC, "-arch=sm_80", "-Xcompiler=-fPIC,-fvisibility=hidden,-Wall,-Wextra", "--Werror=all-warnings",
+        "-I", str(CSRC), "-I", str(out / "gen"), "-I", bitsandbytes.get_include(),
+        '-DBNB_CUDA_ARCHS_STRING="sm_80 compute_80 (PTX)"', "-c",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    objects = [out / f"{i}_{src.stem}.o" for i, src in enumerate(sources)]
+
+    def nvcc(src: Path, obj: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([*compile_, str(src), "-o", str(obj)], capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for proc in pool.map(nvcc, sources, objects):
+            assert proc.returncode == 0, proc.stderr
+    lib = out / "libbnb_cuda.so"
+    link = [NVCC, "-arch=sm_80", "-shared", "-cudart=static", *map(str, objects), "-o", str(lib)]
+    proc = subprocess.run(link, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return lib
 

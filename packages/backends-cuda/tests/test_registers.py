@@ -4,7 +4,7 @@ Batch-1 decoding is latency bound: the bytes of weight in flight per SM decide t
 scale with the resident warps, which the registers per thread cap (65536 per SM: 64 registers leave
 32 warps, 124 left 16). Every gemv instantiation that serves one row of A (``_m1`` in the table) must
 fit in 64 registers with no spills on sm_80, sm_90 and sm_120. One translation unit, one nvcc run for
-the three archs; output to a temporary directory.
+the three archs (compiled side by side, --threads=0: one per core); output to a temporary directory.
 
 The tensor-core kernel (``gemm_4bit_tc``, 9..64 rows) asks ptxas for 4 blocks of 128 threads per SM
 (``__launch_bounds__(128, 4)``: 65536 / 512 = 128 registers), so the bound is that cap with no spills:
@@ -74,7 +74,7 @@ def test_one_row_gemv_fits_64_registers_without_spills(tmp_path):
     unit = tmp_path / "one_row_gemv.cu"
     unit.write_text(f'#include "kernels/{table.SOURCE}"\n\nconst void* const kernels[] = {{\n{refs}\n}};\n')
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
-    cmd = [nvcc, *gencode, "-std=c++17", "-O3", "-Xptxas", "-v", "-I", str(launch.kernel_dir())]
+    cmd = [nvcc, *gencode, "--threads=0", "-std=c++17", "-O3", "-Xptxas", "-v", "-I", str(launch.kernel_dir())]
     cmd += ["-I", bitsandbytes.get_include(), "-c", str(unit), "-o", str(tmp_path / "k.o")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -99,7 +99,7 @@ def test_tensor_core_kernel_fits_its_launch_bounds_without_spills(tmp_path):
     unit = tmp_path / "tc.cu"
     unit.write_text(f'#include "kernels/{table.SOURCE}"\n\nconst void* const kernels[] = {{\n{refs}\n}};\n')
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in TC_ARCHS]
-    cmd = [nvcc, *gencode, "-std=c++17", "-O3", "-Xptxas", "-v", "-I", str(launch.kernel_dir())]
+    cmd = [nvcc, *gencode, "--threads=0", "-std=c++17", "-O3", "-Xptxas", "-v", "-I", str(launch.kernel_dir())]
     cmd += ["-I", bitsandbytes.get_include(), "-c", str(unit), "-o", str(tmp_path / "k.o")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

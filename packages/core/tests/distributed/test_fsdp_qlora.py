@@ -124,16 +124,22 @@ def _restore_then_continue(rank, world_size, path, first, then):
     return _train(model, opt, then, first, rank, world_size)
 
 
-def test_restart_from_a_checkpoint_reproduces_the_run(tmp_path):
-    path = str(tmp_path / "ckpt")
-    interrupted = run_ranks(_checkpoint_then_continue, 2, path, 3, 3)
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A 2-rank run checkpointed after 3 steps, then 3 more: the checkpoint's path and those 3 losses.
+    Both restart tests only read the checkpoint, so one run serves them (a spawn of 2 ranks less)."""
+    path = str(tmp_path_factory.mktemp("qlora") / "ckpt")
+    return path, run_ranks(_checkpoint_then_continue, 2, path, 3, 3)
+
+
+def test_restart_from_a_checkpoint_reproduces_the_run(interrupted):
+    path, interrupted = interrupted
     resumed = run_ranks(_restore_then_continue, 2, path, 3, 3)
     assert resumed[0] == interrupted[0], f"losses after restore {resumed[0]} != uninterrupted {interrupted[0]}"
 
 
-def test_checkpoint_resumes_on_another_world_size(tmp_path):
-    path = str(tmp_path / "ckpt")
-    interrupted = run_ranks(_checkpoint_then_continue, 2, path, 3, 3)
+def test_checkpoint_resumes_on_another_world_size(interrupted):
+    path, interrupted = interrupted
     resumed = run_ranks(_restore_then_continue, 4, path, 3, 3)
     # 4 ranks quantize the optimizer state in other blocks than 2 did: within the sharding tolerance.
     torch.testing.assert_close(
