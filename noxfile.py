@@ -72,7 +72,8 @@ def tests(session: nox.Session) -> None:
 
     raw = _native_wheels(session)
     _install_wheel(session, raw, "bitsandbytes_cpu")
-    session.run("pytest", "packages/backends-cpu/tests", *session.posargs, env=strict)
+    # The cross-compiled NEON driver is its own session (tests-neon): minutes of qemu, arm64 only.
+    session.run("pytest", "packages/backends-cpu/tests", f"--ignore={NEON_DRIVER_TESTS}", *session.posargs, env=strict)
     # Upstream's bytes must come out of the native kernels too.
     compat = ["packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py"]
     session.run("pytest", "-q", *compat, *UPSTREAM_BEHAVIOUR_TESTS, env=strict)
@@ -115,6 +116,18 @@ def tests_arm64(session: nox.Session) -> None:
     arm64 level, the backend's tests and the upstream compatibility fixtures (ci/arm64/run.py; posargs name
     steps, e.g. `-- build conformance-best`). Cached under $BNB_ARM64_CACHE (default .nox/arm64-cache)."""
     session.run(sys.executable, "ci/arm64/run.py", *session.posargs, external=True)
+
+
+NEON_DRIVER_TESTS = "packages/backends-cpu/tests/test_neon_native.py"
+
+
+@nox.session(name="tests-neon")
+def tests_neon(session: nox.Session) -> None:
+    """The NEON kernels without an arm64 root: a driver cross-compiled with aarch64-linux-gnu-g++ and run under
+    qemu-aarch64 compares every arm64 level with the scalar one (skips, naming them, without those tools).
+    About 3 minutes warm, 10 cold on 2 cores: too long for `tests`, so CI's arm64 jobs run it."""
+    install(session, "pytest")
+    session.run("pytest", "-q", NEON_DRIVER_TESTS, *session.posargs)
 
 
 @nox.session(name="tests-distributed")
