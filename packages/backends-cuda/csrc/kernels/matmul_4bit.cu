@@ -387,14 +387,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, kTcMinBlocks)
     __trap();  // no bf16 WMMA before sm_80
   else
 #endif
-    gemm_4bit_tc_body<T, MT>(A, B, absmax, absmax_8bit, absmax_code, absmax_offset, code, bias, out, partial, M, N,
-                             K, blocksize, chunks_per_split);
+    gemm_4bit_tc_body<T, MT>(A, B, absmax, absmax_8bit, absmax_code, absmax_offset, code, bias, out, partial, M, N, K,
+                             blocksize, chunks_per_split);
 }
 
 // out[m, n] = sum over the splits, in split order, of partial[s, m, n] (+ bias[n]), rounded once to T.
 template <typename T>
-__global__ void gemm_4bit_tc_reduce(const float* __restrict__ partial, const T* __restrict__ bias,
-                                    T* __restrict__ out, long long M, long long N, int splits) {
+__global__ void gemm_4bit_tc_reduce(const float* __restrict__ partial, const T* __restrict__ bias, T* __restrict__ out,
+                                    long long M, long long N, int splits) {
   using namespace bnb_matmul_4bit;
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long mn = M * N;

@@ -98,12 +98,11 @@ __global__ void wmma_misuse(const __half* a, float* d, int mode, int offset, uns
 }
 
 // Instances nvcc checks (tests/emu/test_emu_cuda_subset.py compiles this file): the API use is real CUDA.
-#define WMMA_TILE_ARGS(T, TC, TD)                                                                               \
-  (const T*, const T*, const TC*, TD*, unsigned, unsigned, unsigned, unsigned, int, int, int, int, int, int, \
-   float)
-template __global__ void wmma_tile<__half, 16, 16, 16, wmma::row_major, wmma::col_major, float, float>
-    WMMA_TILE_ARGS(__half, float, float);
-template __global__ void wmma_tile<__half, 32, 8, 16, wmma::col_major, wmma::row_major, __half, __half>
-    WMMA_TILE_ARGS(__half, __half, __half);
+#define WMMA_TILE_ARGS(T, TC, TD) \
+  (const T*, const T*, const TC*, TD*, unsigned, unsigned, unsigned, unsigned, int, int, int, int, int, int, float)
+template __global__ void wmma_tile<__half, 16, 16, 16, wmma::row_major, wmma::col_major, float, float> WMMA_TILE_ARGS(
+    __half, float, float);
+template __global__ void wmma_tile<__half, 32, 8, 16, wmma::col_major, wmma::row_major, __half, __half> WMMA_TILE_ARGS(
+    __half, __half, __half);
 template __global__ void wmma_tile<__nv_bfloat16, 8, 32, 16, wmma::row_major, wmma::row_major, float, float>
-    WMMA_TILE_ARGS(__nv_bfloat16, float, float);
+WMMA_TILE_ARGS(__nv_bfloat16, float, float);

@@ -70,7 +70,10 @@ constexpr int elements() {
   constexpr bool ab_layout = std::is_same<Layout, w::row_major>::value || std::is_same<Layout, w::col_major>::value;
   constexpr bool half = std::is_same<T, __half>::value;
   constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
-  constexpr int shape = M == 16 && N == 16 && K == 16 ? 1 : M == 32 && N == 8 && K == 16 ? 2 : M == 8 && N == 32 && K == 16 ? 3 : 0;
+  constexpr int shape = M == 16 && N == 16 && K == 16  ? 1
+                        : M == 32 && N == 8 && K == 16 ? 2
+                        : M == 8 && N == 32 && K == 16 ? 3
+                                                       : 0;
   if (shape == 0) return 0;
   if (std::is_same<Use, w::accumulator>::value) {
     if (!std::is_void<Layout>::value) return 0;
@@ -93,7 +96,9 @@ namespace nvcuda {
 namespace wmma {
 
 template <typename Use, int m, int n, int k, typename T, typename Layout = void>
-class fragment : public __frag_base<T, ::bnb_emu::wmma::elements<Use, m, n, k, T, Layout>() ? ::bnb_emu::wmma::elements<Use, m, n, k, T, Layout>() : 1> {
+class fragment : public __frag_base<T, ::bnb_emu::wmma::elements<Use, m, n, k, T, Layout>()
+                                           ? ::bnb_emu::wmma::elements<Use, m, n, k, T, Layout>()
+                                           : 1> {
   static_assert(::bnb_emu::wmma::elements<Use, m, n, k, T, Layout>() > 0,
                 "bnb_emu: CUDA defines no such wmma::fragment. Emulated (as in CUDA): matrix_a / matrix_b of "
                 "__half or __nv_bfloat16 with layout row_major or col_major, accumulator of float or __half "
@@ -148,22 +153,24 @@ struct Call {
 // uniform arguments. Returns every lane's deposit.
 inline void meet(const char* what, const Call& mine, Call (&all)[32], bool uniform_pointers) {
   if (::bnb_emu::lane().warp_lanes != 32)
-    fail("%s at %s:%d: this warp has %u lanes; WMMA needs every lane of a full 32-lane warp (on hardware: "
-         "undefined behaviour)",
-         what, mine.file, mine.line, ::bnb_emu::lane().warp_lanes);
+    fail(
+        "%s at %s:%d: this warp has %u lanes; WMMA needs every lane of a full 32-lane warp (on hardware: "
+        "undefined behaviour)",
+        what, mine.file, mine.line, ::bnb_emu::lane().warp_lanes);
   static_assert(sizeof(Call) <= 64, "one warp_exchange deposit");
   ::bnb_emu::warp_exchange(BNB_EMU_SITE, what, 0xffffffffu, &mine, all, sizeof(Call));
   for (int l = 0; l < 32; ++l) {
     const Call& c = all[l];
     if (c.line != mine.line || std::strcmp(c.file, mine.file) != 0)
-      fail("%s: lanes of the warp call it from different places (lane %d at %s:%d, lane %u at %s:%d); every lane "
-           "must execute the same WMMA call, converged (on hardware: undefined behaviour)",
-           what, l, c.file, c.line, ::bnb_emu::lane().lane, mine.file, mine.line);
+      fail(
+          "%s: lanes of the warp call it from different places (lane %d at %s:%d, lane %u at %s:%d); every lane "
+          "must execute the same WMMA call, converged (on hardware: undefined behaviour)",
+          what, l, c.file, c.line, ::bnb_emu::lane().lane, mine.file, mine.line);
     if (uniform_pointers && (c.p0 != mine.p0 || c.ldm != mine.ldm || c.layout != mine.layout))
-      fail("%s at %s:%d: lane %d passes pointer %p, ldm %u, layout %d, lane %u pointer %p, ldm %u, layout %d; "
-           "they must be the same for every lane of the warp",
-           what, mine.file, mine.line, l, c.p0, c.ldm, c.layout, ::bnb_emu::lane().lane, mine.p0, mine.ldm,
-           mine.layout);
+      fail(
+          "%s at %s:%d: lane %d passes pointer %p, ldm %u, layout %d, lane %u pointer %p, ldm %u, layout %d; "
+          "they must be the same for every lane of the warp",
+          what, mine.file, mine.line, l, c.p0, c.ldm, c.layout, ::bnb_emu::lane().lane, mine.p0, mine.ldm, mine.layout);
   }
 }
 
@@ -176,13 +183,14 @@ inline void done(const char* what) {
 template <class T>
 inline void check_memory(const char* what, Site s, const T* p, unsigned ldm) {
   if (reinterpret_cast<uintptr_t>(p) % 32 != 0)
-    fail("%s at %s:%d: pointer %p is not 256-bit (32-byte) aligned, as WMMA requires (on hardware: a "
-         "misaligned-address fault or wrong data)",
-         what, s.file, s.line, static_cast<const void*>(p));
+    fail(
+        "%s at %s:%d: pointer %p is not 256-bit (32-byte) aligned, as WMMA requires (on hardware: a "
+        "misaligned-address fault or wrong data)",
+        what, s.file, s.line, static_cast<const void*>(p));
   constexpr unsigned unit = 16 / sizeof(T);
   if (ldm % unit != 0)
-    fail("%s at %s:%d: ldm %u is not a multiple of %u (%zu-byte elements: ldm must span a multiple of 16 bytes)",
-         what, s.file, s.line, ldm, unit, sizeof(T));
+    fail("%s at %s:%d: ldm %u is not a multiple of %u (%zu-byte elements: ldm must span a multiple of 16 bytes)", what,
+         s.file, s.line, ldm, unit, sizeof(T));
 }
 
 // Matrix element index (row-major in the fragment's rows x cols) of slot i of lane l.
