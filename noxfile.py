@@ -237,8 +237,8 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     a fresh venv, outside the source tree, installs bitsandbytes[cpu] with --no-index from the wheelhouse."""
     import shutil
 
+    tmp = Path(session.create_tmp()).resolve()
     raw = _native_wheels(session)
-    tmp = raw.parent
     shutil.rmtree(WHEELHOUSE, ignore_errors=True)
     WHEELHOUSE.mkdir(parents=True)
     build = ("python", "-m", "build", "--outdir")
@@ -271,7 +271,9 @@ def _native_wheels(session: nox.Session) -> Path:
     backend is compiled once per run, not once to test and again to package (minutes of CI for CUDA)."""
     import shutil
 
-    raw = Path(session.create_tmp()).resolve() / "raw"
+    # Not session.create_tmp(): that also points TMPDIR into the checkout for every later command, and
+    # tests that run pytest in a tmp_path would then see the repository's rootdir (node ids change).
+    raw = Path(session.virtualenv.location).resolve() / "tmp" / "raw"
     if str(raw) in _NATIVE_WHEELS_BUILT:
         return raw
     session.install(*WHEEL_TOOLS)
