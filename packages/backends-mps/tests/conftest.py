@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 from bitsandbytes_mps import library
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 
 
 def test_headers_and_runtime_ship_with_the_package():
-    root = files("bitsandbytes.testing.emu")
+    root = files("bitsandbytes_emu")
     for name in ["include/bnb_emu/runtime.h", "include/bnb_emu/cuda.h", "src/runtime.cpp"]:
         assert root.joinpath(name).is_file(), name
     for header in ["cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h", "mma.h", "cub/cub.cuh"]:
