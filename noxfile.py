@@ -235,10 +235,11 @@ def wheels(session: nox.Session) -> None:
 
 
 def wheels_installed_as_a_user_would(session: nox.Session) -> None:
-    """The body of `nox -s wheels`: core wheel + sdist, the CPU wheel (auditwheel-repaired to a manylinux
-    tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one architecture
-    (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of them; then
-    a fresh venv, outside the source tree, installs bitsandbytes[cpu] with --no-index from the wheelhouse."""
+    """The body of `nox -s wheels`: core and emulator wheels + sdists, the CPU wheel (auditwheel-repaired to a
+    manylinux tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one
+    architecture (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of
+    them, ci/check_wheel_files.py over the pure ones; then a fresh venv, outside the source tree, installs
+    bitsandbytes[cpu] with --no-index from the wheelhouse."""
     import shutil
 
     tmp = Path(session.create_tmp()).resolve()
