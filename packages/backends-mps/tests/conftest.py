@@ -9,7 +9,7 @@ from bitsandbytes_mps import library
 
 @pytest.fixture
 def emulated():
-    # Imported here, not at the top: the GPU-only tests (tests/gpu) run without the emulator installed.
+    # Imported here, not at the top: the Mac-only tests (tests/mac) run without the emulator installed.
     library.emulator().skip_unless_available()  # names the missing C++ compiler
     old = library.use_emulator(True)
     library.reset()
