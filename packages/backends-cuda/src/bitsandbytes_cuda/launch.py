@@ -43,11 +43,13 @@ class LibraryError(RuntimeError):
 
 def emulator():
     """The kernel emulator module (``bitsandbytes_emu``). It is a test extra, not a dependency: without it,
-    an ImportError that names the distribution and the extra that brings it."""
+    a ModuleNotFoundError that names the distribution and the extra that brings it."""
     try:
         import bitsandbytes_emu
-    except ImportError as e:
-        raise ImportError(
+    except ModuleNotFoundError as e:
+        if e.name != "bitsandbytes_emu":  # installed, but something it imports is not: that error is the news
+            raise
+        raise ModuleNotFoundError(
             "the CUDA kernels run in emulation only with the kernel emulator installed: "
             "pip install 'bitsandbytes-cuda[test]' (or bitsandbytes-emu, the same version)"
         ) from e

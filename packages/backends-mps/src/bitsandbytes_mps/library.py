@@ -90,12 +90,14 @@ _kernels: dict[str, Any] = {}  # kernel name -> callable kernel of a loaded libr
 
 
 def emulator():
-    """``bitsandbytes_emu``, the kernel emulator: this package's test extra, so an ImportError naming it
+    """``bitsandbytes_emu``, the kernel emulator: this package's test extra, so a ModuleNotFoundError naming it
     where it is not installed."""
     try:
         import bitsandbytes_emu
-    except ImportError as e:
-        raise ImportError(
+    except ModuleNotFoundError as e:
+        if e.name != "bitsandbytes_emu":  # installed, but something it imports is not: that error is the news
+            raise
+        raise ModuleNotFoundError(
             "the Metal kernels run in emulation only with the kernel emulator installed: "
             "pip install 'bitsandbytes-mps[test]' (or bitsandbytes-emu, the same version)"
         ) from e
