@@ -45,6 +45,9 @@ CPU_ISAS = ("native", "avx2", "scalar")
 CUDA_CI_ARCH = os.environ.get("BNB_CUDA_ARCHS", "80")
 CUDA = "./packages/backends-cuda"
 MPS = "./packages/backends-mps"
+# The kernel emulator (bitsandbytes-emu): the CUDA and MPS backends' test extra, never the core's.
+EMU = "./packages/kernel-emulator"
+EMU_TESTS = "packages/kernel-emulator/tests"
 
 
 @nox.session
@@ -56,7 +59,7 @@ def tests(session: nox.Session) -> None:
     built and installed from a wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
     # ziglang: a clang from PyPI for the Metal address-space check, where the machine has no clang++; nox:
     # the report tests drive this file's tests-mps / tests-cuda sessions with a fake session.
-    install(session, "torch", "-e", f"{CORE}[test]", "ziglang", "nox")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU, "ziglang", "nox")
     strict = {"BNB_STRICT_BACKENDS": "1"}
     session.run(
         "pytest",
@@ -66,6 +69,7 @@ def tests(session: nox.Session) -> None:
         *session.posargs,
         env={**strict, "BNB_BACKENDS": "none"},
     )
+    session.run("pytest", EMU_TESTS, *session.posargs, env={**strict, "BNB_BACKENDS": "none"})
     # The conformance suite as a backend author runs it: installed package, one device.
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env={**strict, "BNB_BACKENDS": "none"})
     _plugin_template(session)
@@ -199,7 +203,7 @@ def _tests_mps_emulated(session: nox.Session, strict: dict) -> None:
     signatures, the loader's fallbacks with torch's MPS entry points faked, the kernels vs the reference),
     then the conformance suite on its Metal kernels in the emulator. CMake and scikit-build-core come in
     for tests/test_build.py, which configures and builds the macOS metallib path with a fake xcrun."""
-    install(session, MPS, "cmake", "scikit-build-core", "pathspec")
+    install(session, f"{MPS}[test]", "cmake", "scikit-build-core", "pathspec")
     session.run("pytest", "packages/backends-mps/tests", "--ignore=packages/backends-mps/tests/mac", *session.posargs,
                 env=strict)  # fmt: skip
     session.log("conformance on the emulated Metal kernels")
@@ -231,10 +235,11 @@ def wheels(session: nox.Session) -> None:
 
 
 def wheels_installed_as_a_user_would(session: nox.Session) -> None:
-    """The body of `nox -s wheels`: core wheel + sdist, the CPU wheel (auditwheel-repaired to a manylinux
-    tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one architecture
-    (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of them; then
-    a fresh venv, outside the source tree, installs bitsandbytes[cpu] with --no-index from the wheelhouse."""
+    """The body of `nox -s wheels`: core and emulator wheels + sdists, the CPU wheel (auditwheel-repaired to a
+    manylinux tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one
+    architecture (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of
+    them, ci/check_wheel_files.py over the pure ones; then a fresh venv, outside the source tree, installs
+    bitsandbytes[cpu] with --no-index from the wheelhouse."""
     import shutil
 
     tmp = Path(session.create_tmp()).resolve()
@@ -243,6 +248,7 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     WHEELHOUSE.mkdir(parents=True)
     build = ("python", "-m", "build", "--outdir")
     session.run(*build, str(WHEELHOUSE), "--sdist", "--wheel", CORE)
+    session.run(*build, str(WHEELHOUSE), "--sdist", "--wheel", EMU)
     session.run(*build, str(WHEELHOUSE), "--wheel", MPS)
     for wheel in sorted(raw.glob("*.whl")):
         _repair_or_keep(session, wheel)
@@ -254,6 +260,8 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     for wheel in (Path(w) for w in built if w.endswith(".whl")):
         toplevel = wheel.name.split("-")[0]
         session.run("check-wheel-contents", f"--toplevel={toplevel}", str(wheel))
+    # The core holds no C++ but the format header; the emulator's wheel every file of its package.
+    session.run("python", "ci/check_wheel_files.py", *(w for w in built if w.endswith(".whl")))
     abi3 = [w for w in built if "-abi3-" in w]
     if abi3:  # the stable-ABI CPU wheel (Python >= 3.12 builds): no symbol outside the limited API
         session.run("abi3audit", "--strict", "--report", *abi3)
@@ -554,7 +562,7 @@ def tests_cuda(session: nox.Session) -> None:
     runs even when one fails; then build/cuda-report.md (GPU, driver, runtimes, archs built, each step's
     counts and failures) is written, and the session fails if a step did. For a lent GPU with no network,
     ci/cuda/device_check.py does the same in one command under ten minutes."""
-    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU)
     strict = {"BNB_STRICT_BACKENDS": "1"}
     status: dict[str, object] = {}
     steps = {
@@ -617,7 +625,7 @@ def tests_mps(session: nox.Session) -> None:
     modules and every optimizer on mps), and the conformance suite on device mps. Every step runs even when
     one fails; then build/mps-report.md (machine, versions, diagnostics, each step's counts and failures)
     is written, and the session fails if a step did."""
-    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU)
     install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
     _require_mps(session)
     steps = {
@@ -662,7 +670,7 @@ def sanitize(session: nox.Session) -> None:
     through its kernels at every ISA level, its tests, the bad-input matrix, and the conformance suite and
     the bad-input matrix on the emulated CUDA and Metal kernels built with the same sanitizers
     (ci/sanitize/run.py; posargs name steps to run)."""
-    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU)
     build = {
         "cmake.define.BNB_SANITIZE": SANITIZE,
         "cmake.build-type": "RelWithDebInfo",  # keeps the symbols (nanobind strips Release builds)
