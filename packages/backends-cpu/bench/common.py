@@ -8,6 +8,7 @@ The inputs come from seeded generators, so both processes time the very same ten
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -354,23 +355,35 @@ def linear4bit(bnb, w: torch.Tensor, compress_statistics: bool = False):
     return layer.eval()
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process, all its threads: the work done, which other processes on a shared
+    machine change far less than the wall time (they take the cores, not the work)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def decode_fns(model) -> dict:
-    """``{"generate": fn, "linears_alone": fn}``: one greedy generate() of DECODE["new"] tokens; and every
-    4-bit linear of the model called once on a batch-1 input, in model order (one token's linears alone).
-    After a generate(), ``linear_s[0]`` holds the seconds its 4-bit linears took in its one-token steps
-    (forward hooks; the first new token comes from the prompt's step, so DECODE["new"] - 1 steps)."""
+    """``{"generate": fn, "linears_alone": fn, ...}``: one greedy generate() of DECODE["new"] tokens; and
+    every 4-bit linear of the model called once on a batch-1 input, in model order (one token's linears
+    alone). After a generate(), ``linear_s[0]`` holds the seconds its 4-bit linears took in its one-token
+    steps (forward hooks; the first new token comes from the prompt's step, so DECODE["new"] - 1 steps)
+    and ``linear_s[1]`` their CPU seconds; ``rounds["in_loop"]`` collects (wall, cpu) per generate() and
+    ``rounds["alone_cpu"]`` the CPU seconds of each linears_alone()."""
     d = DECODE
     ids = torch.randint(1, d["vocab"], (1, d["prompt"]), generator=generator("prompt"))
     linears = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
-    spent = [0.0]
+    spent = [0.0, 0.0]
+    rounds: dict[str, list] = {"in_loop": [], "alone_cpu": []}
     start: dict = {}
 
     def pre(mod, args):
-        start[id(mod)] = time.perf_counter()
+        start[id(mod)] = (time.perf_counter(), _cpu_s())
 
     def post(mod, args, out):
         if args[0].numel() == args[0].shape[-1]:  # decode steps only, not the prompt's (M = prompt) call
-            spent[0] += time.perf_counter() - start[id(mod)]
+            t0, c0 = start[id(mod)]
+            spent[0] += time.perf_counter() - t0
+            spent[1] += _cpu_s() - c0
 
     for m in linears:
         m.register_forward_pre_hook(pre)
@@ -378,14 +391,17 @@ def decode_fns(model) -> dict:
     inputs = {id(m): torch.randn(1, 1, m.in_features, generator=generator("lin")).to(torch.bfloat16) for m in linears}
 
     def generate():
-        spent[0] = 0.0
+        spent[0] = spent[1] = 0.0
         model.generate(ids, max_new_tokens=d["new"], min_new_tokens=d["new"], do_sample=False)
+        rounds["in_loop"].append((spent[0], spent[1]))
 
     def linears_alone():
+        c0 = _cpu_s()
         for m in linears:
             m(inputs[id(m)])
+        rounds["alone_cpu"].append(_cpu_s() - c0)
 
-    return {"generate": generate, "linears_alone": linears_alone, "linear_s": spent}
+    return {"generate": generate, "linears_alone": linears_alone, "linear_s": spent, "rounds": rounds}
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -275,14 +275,20 @@ def test_nested_arguments_are_checked_in_cxx():
         _C.gemv_4bit(*args, absmax_8bit, dyn[:255], offset)
 
 
-# bf16 A on AVX2 (K % 64 == 0, blocksize >= 64) takes the vpshufb kernel: its K tails (K = 64, one chunk
-# after pairs), several rows of A and blocksizes above 64, against the reference, thread counts equal.
-@pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(1, 33, 64, 64), (2, 20, 192, 64), (4, 9, 640, 128)])
-def test_avx2_bf16_kernel(M, N, K, blocksize):
+AVX2_SHUFFLE_SHAPES = [(1, 33, 64, 64), (2, 20, 192, 64), (4, 9, 640, 128), (5, 7, 320, 256)]
+
+
+# K % 64 == 0 and blocksize >= 64 take the AVX2 vpshufb kernels (bf16 A: bf16 code tables; fp32 and fp16 A:
+# the exact fp32 codes from four byte tables): K tails (K = 64, one chunk after pairs), several rows of A,
+# blocksizes above 64, both formats, against the reference; every thread count gives the same bits.
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("M", "N", "K", "blocksize"), AVX2_SHUFFLE_SHAPES)
+def test_avx2_shuffle_kernels(M, N, K, blocksize, dtype, quant_type):
     if "avx2" not in ISAS:
         pytest.skip("no AVX2 here")
-    q, absmax, table, W32 = quantized(N, K, blocksize, seed=K)
-    A = randn((M, K), torch.bfloat16, seed=N, spread=False)
+    q, absmax, table, W32 = quantized(N, K, blocksize, quant_type, seed=K)
+    A = randn((M, K), dtype, seed=N, spread=False)
     ref = REFERENCE["gemv_4bit"](A, q, [N, K], absmax, table, blocksize)
     outs = []
     with isa("avx2"):
@@ -290,4 +296,22 @@ def test_avx2_bf16_kernel(M, N, K, blocksize):
             with num_threads(n):
                 outs.append(torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize))
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    check_close(outs[0], ref, A, W32, "avx2 bf16")
+    check_close(outs[0], ref, A, W32, f"avx2 {dtype}")
+
+
+# fp32 and fp16 A read the codes at full fp32 precision: A = e_k picks column k, whose exact value is
+# code * absmax rounded once (the block scale times a sum of one exact product), i.e. the reference's
+# weight bit for bit. A table of codes rounded to bf16 or fp16 would be off by up to 2^-9 relative.
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_avx2_fp32_and_fp16_weights_are_exact(dtype, quant_type):
+    if "avx2" not in ISAS:
+        pytest.skip("no AVX2 here")
+    N, K, blocksize = 24, 128, 64
+    q, absmax, table, W32 = quantized(N, K, blocksize, quant_type, seed=5)
+    with isa("avx2"):
+        for k in (0, 1, 63, 64, 127):
+            A = torch.zeros(1, K, dtype=dtype)
+            A[0, k] = 1
+            out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize)
+            assert torch.equal(out[0], W32[:, k].to(dtype)), f"column {k}"

@@ -3,6 +3,8 @@
 #include <bitsandbytes/formats.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
@@ -184,63 +186,115 @@ void row_fast(const uint8_t* B, int64_t base, int64_t K, const float* absmax, in
   }
 }
 
-#define BNB_GEMV_AVX2_BF16 1
-// bf16 A (K % 64 == 0, blocksize >= 64): the vpermps lookups above cost about 4 shuffles per 8 weights,
-// and that, not memory, bounds them. Here the 16 codes rounded to bf16 sit in two byte tables (low and
-// high bytes) that vpshufb reads 32 at a time; two byte unpacks give the bf16 words, and a shift or a
-// mask widens them to fp32: 4 shuffles per 32 weights. The table does not depend on the block: the
-// block's scale multiplies the chunk's partial sum instead (one FMA per 64 weights), so nothing is
-// rebuilt per block. Products bf16(code) * a are exact in fp32; the result differs from the reference
-// (which rounds code * absmax to bf16) by about one bf16 rounding per weight, inside its tolerance.
-// A is fp32, each chunk of 64 permuted to the order the weights come out in (kBf16Perm).
-struct Bf16Tables {
-  __m256i lo, hi;
-};
-
-inline Bf16Tables bf16_code_tables(const float* code) {
-  alignas(16) uint8_t lo[16], hi[16];
-  for (int i = 0; i < 16; ++i) {
-    const uint16_t h = float_to_bf16(code[i]);
-    lo[i] = uint8_t(h & 0xff);
-    hi[i] = uint8_t(h >> 8);
-  }
-  return {_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(lo))),
-          _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(hi)))};
-}
-
-// Position p of a 64-chunk of A (register p / 8, lane element p % 8) holds the value at k = kBf16Perm[p].
-struct Bf16Perm {
+#define BNB_GEMV_AVX2_SHUF 1
+// K % 64 == 0, blocksize >= 64: the vpermps lookups above cost about 4 shuffles per 8 weights, and that,
+// not memory, bounds them. Here vpshufb looks up 32 codes at a time in 16-byte tables of the codes'
+// bytes (one table per byte of the weight's encoding), and byte/word unpacks assemble the fp32 weights.
+// The tables do not depend on the block: the block's scale multiplies the chunk's partial sum instead
+// (one FMA per 64 weights), so nothing is rebuilt per block. A is fp32, each chunk of 64 permuted to the
+// order the weights come out in (Decoder::perm).
+//
+// Bf16Decoder (bf16 A): the codes rounded to bf16, two byte tables, a shift or a mask widens the words
+// to fp32: 4 shuffles per 32 weights. Products bf16(code) * a are exact in fp32; the result differs from
+// the reference (which rounds code * absmax to bf16) by about one bf16 rounding per weight, inside its
+// tolerance (2 bf16 eps per |a| |w|).
+// F32Decoder (fp32 and fp16 A): the exact fp32 codes, four byte tables, 12 shuffles per 32 weights
+// (against about 16 for vpermps). The weights are the reference's code values; the block scale applied
+// to the chunk sum instead of to each weight changes each product by about one fp32 rounding.
+//
+// Position p of a 64-chunk of A (register p / 8, lane element p % 8) holds the value at k = perm[p]:
+// register r = 4 * parity + g (parity 0: high nibbles, the even positions), element i in 128-bit lane
+// i / 4, and the byte of the chunk that element came from is what g and i / 4 select per decoder.
+struct ChunkPerm {
   int8_t k[64];
-  constexpr Bf16Perm() : k() {
+  template <class ByteOf>
+  constexpr explicit ChunkPerm(ByteOf byte_of) : k() {
     for (int r = 0; r < 8; ++r)
-      for (int i = 0; i < 8; ++i) {
-        const int par = r / 4, u = (r / 2) % 2, odd = r % 2, lane = i / 4, d = i % 4;
-        k[r * 8 + i] = int8_t(2 * (16 * lane + 8 * u + 2 * d + odd) + par);
-      }
+      for (int i = 0; i < 8; ++i) k[r * 8 + i] = int8_t(2 * byte_of(r % 4, i / 4, i % 4) + r / 4);
   }
 };
-constexpr Bf16Perm kBf16Perm{};
 
-// The 64 weights of 32 packed bytes as fp32 (bf16 values), in kBf16Perm order.
-inline void decode64_bf16(const uint8_t* p, const Bf16Tables& t, __m256 (&w)[8]) {
-  const __m256i nib = _mm256_set1_epi8(0x0f), himask = _mm256_set1_epi32(int(0xffff0000u));
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  const __m256i idx[2] = {_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), _mm256_and_si256(v, nib)};
-  for (int par = 0; par < 2; ++par) {
-    const __m256i L = _mm256_shuffle_epi8(t.lo, idx[par]), H = _mm256_shuffle_epi8(t.hi, idx[par]);
-    const __m256i u0 = _mm256_unpacklo_epi8(L, H), u1 = _mm256_unpackhi_epi8(L, H);
-    w[4 * par + 0] = _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16));
-    w[4 * par + 1] = _mm256_castsi256_ps(_mm256_and_si256(u0, himask));
-    w[4 * par + 2] = _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16));
-    w[4 * par + 3] = _mm256_castsi256_ps(_mm256_and_si256(u1, himask));
-  }
+inline __m256i byte_table(const uint8_t (&t)[16]) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t)));
 }
 
-template <int R>
-inline void chunk_bf16_avx2(const uint8_t* row, int64_t k, const Bf16Tables& t, __m256 s, const float* a, int64_t lda,
-                            __m256 (&acc)[R]) {
+// The 32 high-nibble and 32 low-nibble indices of 32 packed bytes.
+inline void nibbles(const uint8_t* p, __m256i (&idx)[2]) {
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  idx[0] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+  idx[1] = _mm256_and_si256(v, nib);
+}
+
+struct Bf16Decoder {
+  __m256i lo, hi;
+  explicit Bf16Decoder(const float* code) {
+    uint8_t l[16], h[16];
+    for (int i = 0; i < 16; ++i) {
+      const uint16_t b = float_to_bf16(code[i]);
+      l[i] = uint8_t(b & 0xff);
+      h[i] = uint8_t(b >> 8);
+    }
+    lo = byte_table(l);
+    hi = byte_table(h);
+  }
+  // Register g of a parity: unpack lo (g < 2) or hi (g >= 2) of the bytes, then the dword's low word
+  // (g even: bytes 0, 2, 4, 6 of the half lane) or its high word (g odd).
+  static constexpr int byte_of(int g, int lane, int d) { return 16 * lane + 8 * (g / 2) + 2 * d + g % 2; }
+  void decode(const uint8_t* p, __m256 (&w)[8]) const {
+    const __m256i himask = _mm256_set1_epi32(int(0xffff0000u));
+    __m256i idx[2];
+    nibbles(p, idx);
+    for (int par = 0; par < 2; ++par) {
+      const __m256i L = _mm256_shuffle_epi8(lo, idx[par]), H = _mm256_shuffle_epi8(hi, idx[par]);
+      const __m256i u0 = _mm256_unpacklo_epi8(L, H), u1 = _mm256_unpackhi_epi8(L, H);
+      w[4 * par + 0] = _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16));
+      w[4 * par + 1] = _mm256_castsi256_ps(_mm256_and_si256(u0, himask));
+      w[4 * par + 2] = _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16));
+      w[4 * par + 3] = _mm256_castsi256_ps(_mm256_and_si256(u1, himask));
+    }
+  }
+};
+
+struct F32Decoder {
+  __m256i b[4];  // byte j of each code's fp32 encoding
+  explicit F32Decoder(const float* code) {
+    uint8_t t[4][16];
+    for (int i = 0; i < 16; ++i) {
+      uint32_t u;
+      std::memcpy(&u, code + i, 4);
+      for (int j = 0; j < 4; ++j) t[j][i] = uint8_t(u >> (8 * j));
+    }
+    for (int j = 0; j < 4; ++j) b[j] = byte_table(t[j]);
+  }
+  // Register g of a parity: bytes 4g .. 4g + 3 of the half lane, in order.
+  static constexpr int byte_of(int g, int lane, int d) { return 16 * lane + 4 * g + d; }
+  void decode(const uint8_t* p, __m256 (&w)[8]) const {
+    __m256i idx[2];
+    nibbles(p, idx);
+    for (int par = 0; par < 2; ++par) {
+      const __m256i P0 = _mm256_shuffle_epi8(b[0], idx[par]), P1 = _mm256_shuffle_epi8(b[1], idx[par]);
+      const __m256i P2 = _mm256_shuffle_epi8(b[2], idx[par]), P3 = _mm256_shuffle_epi8(b[3], idx[par]);
+      const __m256i lo0 = _mm256_unpacklo_epi8(P0, P1), lo1 = _mm256_unpackhi_epi8(P0, P1);
+      const __m256i hi0 = _mm256_unpacklo_epi8(P2, P3), hi1 = _mm256_unpackhi_epi8(P2, P3);
+      w[4 * par + 0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo0, hi0));
+      w[4 * par + 1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo0, hi0));
+      w[4 * par + 2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(lo1, hi1));
+      w[4 * par + 3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(lo1, hi1));
+    }
+  }
+};
+
+template <class Dec>
+struct PermOf {
+  static constexpr ChunkPerm value{[](int g, int lane, int d) { return Dec::byte_of(g, lane, d); }};
+};
+
+template <class Dec, int R>
+inline void chunk_shuf(const uint8_t* row, int64_t k, const Dec& dec, __m256 s, const float* a, int64_t lda,
+                       __m256 (&acc)[R]) {
   __m256 w[8];
-  decode64_bf16(row + k / 2, t, w);
+  dec.decode(row + k / 2, w);
   for (int r = 0; r < R; ++r) {
     const float* ar = a + r * lda + k;
     __m256 t0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(ar)), t1 = _mm256_mul_ps(w[1], _mm256_loadu_ps(ar + 8));
@@ -252,18 +306,18 @@ inline void chunk_bf16_avx2(const uint8_t* row, int64_t k, const Bf16Tables& t, 
   }
 }
 
-template <int R>
-void row_bf16_avx2(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int shift, const Bf16Tables& t,
-                   const float* a, int64_t lda, float* res) {
+template <class Dec, int R>
+void row_shuf(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int shift, const Dec& dec, const float* a,
+              int64_t lda, float* res) {
   const uint8_t* row = B + base / 2;
   __m256 acc0[R], acc1[R];  // even and odd chunks: two dependency chains
   for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
   int64_t k = 0;
   for (; k + 128 <= K; k += 128) {
-    chunk_bf16_avx2<R>(row, k, t, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
-    chunk_bf16_avx2<R>(row, k + 64, t, _mm256_broadcast_ss(absmax + ((base + k + 64) >> shift)), a, lda, acc1);
+    chunk_shuf<Dec, R>(row, k, dec, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
+    chunk_shuf<Dec, R>(row, k + 64, dec, _mm256_broadcast_ss(absmax + ((base + k + 64) >> shift)), a, lda, acc1);
   }
-  if (k < K) chunk_bf16_avx2<R>(row, k, t, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
+  if (k < K) chunk_shuf<Dec, R>(row, k, dec, _mm256_broadcast_ss(absmax + ((base + k) >> shift)), a, lda, acc0);
   for (int r = 0; r < R; ++r) res[r] = hsum256(_mm256_add_ps(acc0[r], acc1[r]));
 }
 #elif defined(BNB_ISA_NEON)
@@ -763,6 +817,50 @@ void gemv_half(const uint16_t* A, int64_t M, int64_t N, int64_t K, const uint8_t
 }
 #endif
 
+#if defined(BNB_GEMV_AVX2_SHUF)
+template <DType D, class Dec>
+void gemv_shuf(const typename Elem<D>::T* x, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax_in,
+               const NestedAbsmax* nested, const Dec& dec, int64_t blocksize, const typename Elem<D>::T* bias,
+               typename Elem<D>::T* y, int threads) {
+  constexpr ChunkPerm perm = PermOf<Dec>::value;
+  std::vector<float> abuf(size_t(M * K));
+  for (int64_t c = 0; c < M * K; c += 64)
+    for (int p = 0; p < 64; ++p) abuf[size_t(c + p)] = Elem<D>::load(x[c + perm.k[p]]);
+  int shift = 0;
+  while ((int64_t(1) << shift) < blocksize) ++shift;
+  const float* a = abuf.data();
+  // Each output element is produced by one call of row_shuf, so the thread count changes nothing.
+  const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
+  parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+    float res[kMaxRows];
+    std::vector<float> sbuf;
+    const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
+    for (int64_t n = n0; n < n1; ++n) {
+      const float bn = bias ? Elem<D>::load(bias[n]) : 0.0f;
+      for (int64_t m = 0; m < M; m += kMaxRows) {
+        const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+        const float* am = a + m * K;
+        switch (R) {
+          case 1:
+            row_shuf<Dec, 1>(B, n * K, K, absmax, shift, dec, am, K, res);
+            break;
+          case 2:
+            row_shuf<Dec, 2>(B, n * K, K, absmax, shift, dec, am, K, res);
+            break;
+          case 3:
+            row_shuf<Dec, 3>(B, n * K, K, absmax, shift, dec, am, K, res);
+            break;
+          default:
+            row_shuf<Dec, 4>(B, n * K, K, absmax, shift, dec, am, K, res);
+            break;
+        }
+        for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = Elem<D>::store(res[r] + bn);
+      }
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax_in,
@@ -835,45 +933,13 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
     return;
   }
 #endif
-#if defined(BNB_GEMV_AVX2_BF16)
-  if (dtype == DType::bf16 && K > 0 && K % 64 == 0 && blocksize >= 64) {
-    std::vector<float> abuf(size_t(M * K));
-    const uint16_t* x = static_cast<const uint16_t*>(A);
-    for (int64_t c = 0; c < M * K; c += 64)
-      for (int p = 0; p < 64; ++p) abuf[size_t(c + p)] = bf16_to_float(x[c + kBf16Perm.k[p]]);
-    int shift = 0;
-    while ((int64_t(1) << shift) < blocksize) ++shift;
-    const Bf16Tables tabs = bf16_code_tables(code);
-    const uint16_t* bias_t = static_cast<const uint16_t*>(bias);
-    uint16_t* y = static_cast<uint16_t*>(out);
-    const float* a = abuf.data();
-    const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
-    parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
-      float res[kMaxRows];
-      std::vector<float> sbuf;
-      const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
-      for (int64_t n = n0; n < n1; ++n) {
-        const float bn = bias_t ? bf16_to_float(bias_t[n]) : 0.0f;
-        for (int64_t m = 0; m < M; m += kMaxRows) {
-          const int64_t R = std::min<int64_t>(kMaxRows, M - m);
-          const float* am = a + m * K;
-          switch (R) {
-            case 1:
-              row_bf16_avx2<1>(B, n * K, K, absmax, shift, tabs, am, K, res);
-              break;
-            case 2:
-              row_bf16_avx2<2>(B, n * K, K, absmax, shift, tabs, am, K, res);
-              break;
-            case 3:
-              row_bf16_avx2<3>(B, n * K, K, absmax, shift, tabs, am, K, res);
-              break;
-            default:
-              row_bf16_avx2<4>(B, n * K, K, absmax, shift, tabs, am, K, res);
-              break;
-          }
-          for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);
-        }
-      }
+#if defined(BNB_GEMV_AVX2_SHUF)
+  if (K > 0 && K % 64 == 0 && blocksize >= 64) {
+    visit_dtype(dtype, [&](auto tag) {
+      constexpr DType D = decltype(tag)::value;
+      using Dec = std::conditional_t<D == DType::bf16, Bf16Decoder, F32Decoder>;
+      gemv_shuf<D, Dec>(static_cast<const typename Elem<D>::T*>(A), M, N, K, B, absmax_in, nested, Dec(code), blocksize,
+                        static_cast<const typename Elem<D>::T*>(bias), static_cast<typename Elem<D>::T*>(out), threads);
     });
     return;
   }
