@@ -119,6 +119,28 @@ def test_8bit_codes_identical_to_reference(name, map_name, level):
             ref_p.copy_(p)  # p may differ in the last bit (sqrt): restart the reference from ours
 
 
+@pytest.mark.parametrize("level", ISAS)
+@pytest.mark.parametrize("name", NAMES)
+def test_8bit_nonfinite_gradients_match_reference(name, level):
+    """NaN and +-inf gradients in some blocks (their states' absmax turns NaN or inf, the AVX2 sweep's
+    checked search): the codes and absmax are the reference's byte for byte, p its values, NaN included."""
+    qmap1, qmap2 = MAPS["dynamic"]
+    n = 6 * OPTIMIZER_BLOCKSIZE + 33
+    p = torch.randn(n, generator=torch.Generator().manual_seed(11))
+    st = _state8(name, n, 12, qmap1, qmap2)
+    ref_p, ref_st = p.clone(), _clone(st)
+    g = _grad(n, torch.float32, 13)
+    g[5], g[OPTIMIZER_BLOCKSIZE + 9], g[3 * OPTIMIZER_BLOCKSIZE + 200] = float("nan"), float("inf"), -float("inf")
+    g[n - 3] = float("nan")  # the short last block
+    with isa(level):
+        _run8(OP8, name, g, p, st, qmap1, qmap2, 1)
+    _run8(REFERENCE["optimizer_update_8bit_blockwise"], name, g, ref_p, ref_st, qmap1, qmap2, 1)
+    for got, want, what in zip(st, ref_st, ("state1", "state2", "absmax1", "absmax2"), strict=True):
+        if want is not None:
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{name} {level}: {what} differs"
+    torch.testing.assert_close(p, ref_p, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def _run_all(level, threads, name, dtype, bits):
     n = 3 * OPTIMIZER_BLOCKSIZE + 45
     p = torch.randn(n, generator=torch.Generator().manual_seed(3)).to(dtype)

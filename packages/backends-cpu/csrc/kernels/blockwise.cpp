@@ -56,7 +56,8 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
 }
 
 #elif defined(BNB_ISA_AVX2)
-template <DType D, bool Full>
+// Checked: some scaled value may be NaN (a NaN in the block, or inf times the factor 0 of an inf absmax).
+template <DType D, bool Full, bool Checked>
 int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Keyed& q,
                       uint8_t* o) {
   const __m256 one = _mm256_set1_ps(1.0f), minus_one = _mm256_set1_ps(-1.0f);
@@ -68,7 +69,7 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
       __m256 v = load8<D>(x + i + 8 * k);
       v = Full ? _mm256_mul_ps(v, f) : _mm256_div_ps(v, f);
       v = _mm256_max_ps(minus_one, _mm256_min_ps(one, v));
-      j[k] = q.slot(v);
+      j[k] = q.slot<true, Checked>(v);
     }
     __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(j[0], j[1]), _mm256_packs_epi32(j[2], j[3]));
     bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -114,8 +115,16 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tab
     const typename Elem<D>::T* x = A + first;
     uint8_t* o = out + first;
     int64_t i = 0;
-#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
+#if defined(BNB_ISA_AVX512)
     i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
+#elif defined(BNB_ISA_AVX2)
+    // A finite absmax bounds its block's values, and then its factor is finite and non-zero: no scaled
+    // value is NaN, so the search skips its NaN handling.
+    bool finite = true;
+    for (int64_t k = 0, factors = Full ? len >> shift : 1; k < factors; ++k)
+      finite &= std::isfinite(fac[k]) && fac[k] != 0.0f;
+    i = finite ? quantize_simd<D, Full, false>(x, len, fac, shift, q, o)
+               : quantize_simd<D, Full, true>(x, len, fac, shift, q, o);
 #endif
 #if defined(BNB_ISA_NEON)
     i = quantize_simd<D, Full>(x, len, fac, shift, q, o);

@@ -409,6 +409,136 @@ struct QState {
   const search8::Tables* tables;  // the search of `map` in registers (AVX-512)
 };
 
+#if defined(BNB_ISA_AVX2)
+// step_math for 8 elements in vectors: the same operations in the same order (so the same bits); the
+// 8-bit step's update scale is 1, which step_math's products with it keep exact.
+template <int R, bool WD, bool SKIP>
+struct Step8 {
+  __m256 gnorm, decay, coupled, b1, omb1, b2, omb2, b3, omb3, alpha, eps, lr, step_size, adam_eps, c1, c2;
+  bool first;
+  explicit Step8(const OptStep& c)
+      : gnorm(_mm256_set1_ps(c.gnorm_scale)),
+        decay(_mm256_set1_ps(c.decay_factor)),
+        coupled(_mm256_set1_ps(c.coupled_decay)),
+        b1(_mm256_set1_ps(c.beta1)),
+        omb1(_mm256_set1_ps(c.one_minus_beta1)),
+        b2(_mm256_set1_ps(c.beta2)),
+        omb2(_mm256_set1_ps(c.one_minus_beta2)),
+        b3(_mm256_set1_ps(c.beta3)),
+        omb3(_mm256_set1_ps(c.one_minus_beta3)),
+        alpha(_mm256_set1_ps(c.alpha)),
+        eps(_mm256_set1_ps(c.eps)),
+        lr(_mm256_set1_ps(c.lr)),
+        step_size(_mm256_set1_ps(c.adam_step_size)),
+        adam_eps(_mm256_set1_ps(c.adam_eps)),
+        c1(_mm256_set1_ps(c.correction1)),
+        c2(_mm256_set1_ps(c.correction2)),
+        first(c.first_step) {}
+
+  static __m256 mul(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+  static __m256 add(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+  static __m256 sub(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
+  static __m256 div(__m256 a, __m256 b) { return _mm256_div_ps(a, b); }
+
+  // p and the states s[0..] in place; gr is the raw gradient.
+  void operator()(__m256 gr, __m256& p, __m256* s) const {
+    const __m256 gi0 = mul(gr, gnorm), p0 = p;
+    __m256 pn, ns[3];
+    if constexpr (R == kAdam) {
+      const __m256 gi = gi0, pd = WD ? mul(p0, decay) : p0;
+      ns[0] = add(mul(b1, s[0]), mul(omb1, gi));
+      ns[1] = add(mul(b2, s[1]), mul(mul(omb2, gi), gi));
+      pn = add(pd, mul(step_size, div(ns[0], add(_mm256_sqrt_ps(ns[1]), adam_eps))));
+    } else if constexpr (R == kAdemamix) {
+      const __m256 gi = gi0, pd = WD ? mul(p0, decay) : p0;
+      ns[0] = add(mul(b1, s[0]), mul(omb1, gi));
+      ns[1] = add(mul(b3, s[1]), mul(omb3, gi));
+      ns[2] = add(mul(b2, s[2]), mul(mul(omb2, gi), gi));
+      pn = sub(pd, mul(lr, div(add(div(ns[0], c1), mul(alpha, ns[1])), add(div(_mm256_sqrt_ps(ns[2]), c2), eps))));
+    } else if constexpr (R == kLion) {
+      const __m256 gi = gi0, pd = WD ? mul(p0, decay) : p0;
+      const __m256 d = add(mul(b1, s[0]), mul(omb1, gi));
+      // step_math's sign from the bits: +-1 or +0, NaN kept.
+      const __m256i db = _mm256_castps_si256(d);
+      const __m256i mag = _mm256_and_si256(db, _mm256_set1_epi32(0x7fffffff));
+      const __m256i zero = _mm256_cmpeq_epi32(mag, _mm256_setzero_si256());
+      const __m256i nan = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(0x7f800000));
+      const __m256i unit = _mm256_andnot_si256(
+          zero,
+          _mm256_or_si256(_mm256_and_si256(db, _mm256_set1_epi32(int(0x80000000u))), _mm256_set1_epi32(0x3f800000)));
+      const __m256 sg = _mm256_castsi256_ps(_mm256_blendv_epi8(unit, db, nan));
+      pn = sub(pd, mul(lr, sg));
+      ns[0] = add(mul(b2, s[0]), mul(omb2, gi));
+    } else {
+      const __m256 gi = WD ? add(gi0, mul(coupled, p0)) : gi0;
+      if constexpr (R == kMomentum) {
+        ns[0] = first ? gi : add(mul(b1, s[0]), gi);
+        pn = sub(p0, mul(lr, ns[0]));
+      } else {
+        ns[0] = R == kRmsprop ? add(mul(b1, s[0]), mul(mul(omb1, gi), gi)) : add(s[0], mul(gi, gi));
+        pn = sub(p0, div(mul(lr, gi), add(_mm256_sqrt_ps(ns[0]), eps)));
+      }
+    }
+    constexpr int kStates = R == kAdam ? 2 : (R == kAdemamix ? 3 : 1);
+    if constexpr (SKIP) {
+      const __m256 keep = _mm256_cmp_ps(gr, _mm256_setzero_ps(), _CMP_EQ_OQ);
+      p = _mm256_blendv_ps(pn, p0, keep);
+      for (int k = 0; k < kStates; ++k) s[k] = _mm256_blendv_ps(ns[k], s[k], keep);
+    } else {
+      p = pn;
+      for (int k = 0; k < kStates; ++k) s[k] = ns[k];
+    }
+  }
+};
+#endif
+
+#if defined(BNB_ISA_AVX2)
+// One full block of the 8-bit step in a single sweep: dequantize every state, step, write p and keep the
+// new states in L1 with their absmax (integer max of the magnitude bits, as absmax_of) in registers;
+// then the new codes. No scalar pass over the block in between.
+template <DType D, int R, bool WD, bool SKIP>
+void step_block_avx2(const OptStep& st, const typename Elem<D>::T* g, typename Elem<D>::T* p, const QState* q,
+                     int n_states, int64_t b) {
+  constexpr int kStates = R == kAdam ? 2 : (R == kAdemamix ? 3 : 1);
+  (void)n_states;
+  const Step8<R, WD, SKIP> step(st);
+  const int64_t start = b * kBlock;
+  alignas(32) float buf[kStates][kBlock];
+  __m256 scale[kStates];
+  __m256i top[kStates], any[kStates];
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  for (int k = 0; k < kStates; ++k) {
+    scale[k] = _mm256_set1_ps(q[k].absmax[b]);
+    top[k] = any[k] = _mm256_setzero_si256();
+  }
+  for (int64_t i = 0; i < kBlock; i += 8) {
+    __m256 s[kStates];
+    for (int k = 0; k < kStates; ++k)
+      s[k] = _mm256_mul_ps(search8::lookup8_codes(q[k].qmap, q[k].codes + start + i), scale[k]);
+    __m256 pv = load8<D>(p + start + i);
+    step(load8<D>(g + start + i), pv, s);
+    store8<D>(p + start + i, pv);
+    for (int k = 0; k < kStates; ++k) {
+      const __m256i bits = _mm256_castps_si256(s[k]);
+      top[k] = _mm256_max_epu32(top[k], _mm256_and_si256(bits, abs_mask));
+      any[k] = _mm256_or_si256(any[k], bits);
+      _mm256_store_ps(buf[k] + i, s[k]);
+    }
+  }
+  for (int k = 0; k < kStates; ++k) {
+    // Horizontal max of the magnitude bits; every NaN's sort above inf's, so NaN shows as top > inf.
+    __m256i m = top[k];
+    m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4e));
+    m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xb1));
+    const uint32_t t = uint32_t(_mm256_cvtsi256_si32(m));
+    const float absmax = t > 0x7f800000u ? NAN : bits_to_float(t);
+    const bool signs = _mm256_movemask_ps(_mm256_castsi256_ps(any[k])) != 0;
+    q[k].absmax[b] = absmax;
+    quantize_block(buf[k], kBlock, absmax, signs, *q[k].map, q[k].tables, q[k].codes + start);
+  }
+}
+#endif
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -513,7 +643,11 @@ void optimizer_update_8bit_blockwise(const OptStep& st, DType dtype, const void*
       constexpr bool WD = decltype(wd)::value, SKIP = decltype(skip)::value;
       parallel_for(blocks, 16, threads, [&](int64_t b0, int64_t b1) {
         alignas(64) float gbuf[kBlock], pbuf[kBlock], sbuf[3][kBlock];
-        for (int64_t b = b0; b < b1; ++b) {
+        int64_t b = b0;
+#if defined(BNB_ISA_AVX2)
+        for (; b < b1 && (b + 1) * kBlock <= n; ++b) step_block_avx2<D, R, WD, SKIP>(st, gt, pt, q, n_states, b);
+#endif
+        for (; b < b1; ++b) {
           int64_t start = b * kBlock, len = n - start < kBlock ? n - start : kBlock;
           const float* gc;
           float* pc;
