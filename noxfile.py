@@ -45,12 +45,15 @@ CPU_ISAS = ("native", "avx2", "scalar")
 CUDA_CI_ARCH = os.environ.get("BNB_CUDA_ARCHS", "80")
 CUDA = "./packages/backends-cuda"
 MPS = "./packages/backends-mps"
+# The kernel emulator (bitsandbytes-emu): the CUDA and MPS backends' test extra, never the core's.
+EMU = "./packages/kernel-emulator"
+EMU_TESTS = "packages/kernel-emulator/tests"
 
 
 # The per-package test sessions. Each sets up the venv it needs and runs one package's tests; `tests` (the
 # README's command, which .ci/run calls) runs all of them in one venv, in this order, so every backend is
-# compiled once per run: tests-core, tests-cpu, tests-distributed, tests-cuda-emulated, tests-mps-emulated,
-# tests-clients, wheels. A platform owner runs theirs alone, e.g. `nox -s tests-cpu`.
+# compiled once per run: tests-core, tests-emulator, tests-cpu, tests-distributed, tests-cuda-emulated,
+# tests-mps-emulated, tests-clients, wheels. A platform owner runs theirs alone, e.g. `nox -s tests-cpu`.
 STRICT = {"BNB_STRICT_BACKENDS": "1"}
 REFERENCE_ONLY = {**STRICT, "BNB_BACKENDS": "none"}
 
@@ -58,13 +61,14 @@ REFERENCE_ONLY = {**STRICT, "BNB_BACKENDS": "none"}
 @nox.session
 def tests(session: nox.Session) -> None:
     """Every package's tests in one venv: tests-core (the core on the reference kernels, the conformance suite,
-    the third-party backend template), tests-cpu (the CPU backend built from source, its tests, upstream's bytes
-    and checkpoints through it, the conformance suite at every ISA level), tests-distributed (multi-rank FSDP on
-    its kernels), tests-cuda-emulated and tests-mps-emulated (the GPU backends' tests and the conformance suite
+    the third-party backend template), tests-emulator (the kernel emulator's own tests), tests-cpu (the CPU
+    backend built from source, its tests, upstream's bytes and checkpoints through it, the conformance suite at
+    every ISA level), tests-distributed (multi-rank FSDP on its kernels), tests-cuda-emulated and tests-mps-emulated (the GPU backends' tests and the conformance suite
     on their kernels in the emulator), tests-clients (transformers, PEFT, accelerate, and unsloth's and
     axolotl's ctypes use), then the wheels, built and installed from a wheelhouse as a user would."""
     _install_core(session)
     _tests_core(session)
+    _tests_emulator(session)
     _tests_cpu(session)
     _tests_distributed(session)
     _tests_cuda_emulated(session)
@@ -77,6 +81,11 @@ def _install_core(session: nox.Session) -> None:
     # ziglang: a clang from PyPI for the Metal address-space check, where the machine has no clang++; nox:
     # the report tests drive this file's tests-mps / tests-cuda sessions with a fake session.
     install(session, "torch", "-e", f"{CORE}[test]", "ziglang", "nox")
+
+
+def _install_emulator(session: nox.Session) -> None:
+    """The kernel emulator (bitsandbytes-emu), editable: the CUDA and MPS backends' test extra."""
+    install(session, "-e", EMU)
 
 
 @nox.session(name="tests-core")
@@ -93,6 +102,18 @@ def _tests_core(session: nox.Session) -> None:
     # The conformance suite as a backend author runs it: installed package, one device.
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env=REFERENCE_ONLY)
     _plugin_template(session)
+
+
+@nox.session(name="tests-emulator")
+def tests_emulator(session: nox.Session) -> None:
+    """The kernel emulator's own tests: its CUDA and Metal shims against plain C++ and the hardware's rules."""
+    _install_core(session)
+    _tests_emulator(session)
+
+
+def _tests_emulator(session: nox.Session) -> None:
+    _install_emulator(session)
+    session.run("pytest", EMU_TESTS, *session.posargs, env=REFERENCE_ONLY)
 
 
 @nox.session(name="tests-cpu")
@@ -231,6 +252,7 @@ def _tests_cuda_emulated(session: nox.Session) -> None:
     if not _have_nvcc():
         session.log("skipping the CUDA backend: nvcc is not on PATH (install the CUDA toolkit to build it)")
         return
+    _install_emulator(session)
     _install_native(session, "bitsandbytes_cuda")
     session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=STRICT)
     session.log("conformance on the emulated CUDA kernels")
@@ -259,7 +281,8 @@ def tests_mps_emulated(session: nox.Session) -> None:
 
 
 def _tests_mps_emulated(session: nox.Session) -> None:
-    install(session, MPS, "cmake", "scikit-build-core", "pathspec")
+    _install_emulator(session)
+    install(session, f"{MPS}[test]", "cmake", "scikit-build-core", "pathspec")
     session.run("pytest", "packages/backends-mps/tests", "--ignore=packages/backends-mps/tests/mac", *session.posargs,
                 env=STRICT)  # fmt: skip
     session.log("conformance on the emulated Metal kernels")
@@ -291,10 +314,11 @@ def wheels(session: nox.Session) -> None:
 
 
 def wheels_installed_as_a_user_would(session: nox.Session) -> None:
-    """The body of `nox -s wheels`: core wheel + sdist, the CPU wheel (auditwheel-repaired to a manylinux
-    tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one architecture
-    (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of them; then
-    a fresh venv, outside the source tree, installs bitsandbytes[cpu] with --no-index from the wheelhouse."""
+    """The body of `nox -s wheels`: core and emulator wheels + sdists, the CPU wheel (auditwheel-repaired to a
+    manylinux tag when this machine's toolchain allows, else shown and kept), the CUDA wheel for one
+    architecture (when nvcc is here), the MPS pure wheel; twine check and check-wheel-contents over all of
+    them, ci/check_wheel_files.py over the pure ones; then a fresh venv, outside the source tree, installs
+    bitsandbytes[cpu] with --no-index from the wheelhouse."""
     import shutil
 
     tmp = Path(session.create_tmp()).resolve()
@@ -303,6 +327,7 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     WHEELHOUSE.mkdir(parents=True)
     build = ("python", "-m", "build", "--outdir")
     session.run(*build, str(WHEELHOUSE), "--sdist", "--wheel", CORE)
+    session.run(*build, str(WHEELHOUSE), "--sdist", "--wheel", EMU)
     session.run(*build, str(WHEELHOUSE), "--wheel", MPS)
     for wheel in sorted(raw.glob("*.whl")):
         _repair_or_keep(session, wheel)
@@ -314,6 +339,8 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     for wheel in (Path(w) for w in built if w.endswith(".whl")):
         toplevel = wheel.name.split("-")[0]
         session.run("check-wheel-contents", f"--toplevel={toplevel}", str(wheel))
+    # The core holds no C++ but the format header; the emulator's wheel every file of its package.
+    session.run("python", "ci/check_wheel_files.py", *(w for w in built if w.endswith(".whl")))
     abi3 = [w for w in built if "-abi3-" in w]
     if abi3:  # the stable-ABI CPU wheel (Python >= 3.12 builds): no symbol outside the limited API
         session.run("abi3audit", "--strict", "--report", *abi3)
@@ -629,7 +656,7 @@ def tests_cuda(session: nox.Session) -> None:
     runs even when one fails; then build/cuda-report.md (GPU, driver, runtimes, archs built, each step's
     counts and failures) is written, and the session fails if a step did. For a lent GPU with no network,
     ci/cuda/device_check.py does the same in one command under ten minutes."""
-    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU)
     strict = {"BNB_STRICT_BACKENDS": "1"}
     status: dict[str, object] = {}
     steps = {
@@ -692,7 +719,7 @@ def tests_mps(session: nox.Session) -> None:
     modules and every optimizer on mps), and the conformance suite on device mps. Every step runs even when
     one fails; then build/mps-report.md (machine, versions, diagnostics, each step's counts and failures)
     is written, and the session fails if a step did."""
-    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU)
     install(session, os.environ.get("BNB_MPS_WHEEL") or MPS)
     _require_mps(session)
     steps = {
@@ -737,7 +764,7 @@ def sanitize(session: nox.Session) -> None:
     through its kernels at every ISA level, its tests, the bad-input matrix, and the conformance suite and
     the bad-input matrix on the emulated CUDA and Metal kernels built with the same sanitizers
     (ci/sanitize/run.py; posargs name steps to run)."""
-    install(session, "torch", "-e", f"{CORE}[test]")
+    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU)
     build = {
         "cmake.define.BNB_SANITIZE": SANITIZE,
         "cmake.build-type": "RelWithDebInfo",  # keeps the symbols (nanobind strips Release builds)

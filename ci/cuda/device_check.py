@@ -12,7 +12,8 @@ and checks that the boxes fit the budget; it needs no GPU, no torch and no compi
 
 Offline, so nothing is installed from an index: the machine's own python3 (with torch, pytest, numpy,
 cmake, ninja, scikit-build-core) runs everything. The core is pure Python and its build backend
-(hatchling) is not on that machine, so it comes from the checkout through PYTHONPATH. The CUDA backend
+(hatchling) is not on that machine, so it comes from the checkout through PYTHONPATH, and so does the
+kernel emulator (packages/kernel-emulator/src, the backend's test extra). The CUDA backend
 is built by pip with --no-build-isolation --no-index --no-deps into build/gpu-check/site: that is the
 real scikit-build-core build (so the entry point through which the core finds the backend exists, which a
 source tree on PYTHONPATH would not give), with BNB_CUDA_ARCHS set from torch.cuda.get_device_capability.
@@ -96,7 +97,9 @@ def xdist_args() -> tuple[str, ...]:
 def plan(python: str, out: Path, arch: str | None = None, work: Path = WORK) -> list[Step]:
     """The steps in order. The build reads the arch the probe wrote (``arch`` overrides it)."""
     site = work / "site"
-    paths = [str(site), str(ROOT / "packages" / "core" / "src"), os.environ.get("PYTHONPATH", "")]
+    # The kernel emulator too: the backend's tests/conftest.py and test_launch.py's emulated half use it.
+    emulator = ROOT / "packages" / "kernel-emulator" / "src"
+    paths = [str(site), str(ROOT / "packages" / "core" / "src"), str(emulator), os.environ.get("PYTHONPATH", "")]
     env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), "BNB_STRICT_BACKENDS": "1"}
     backend, conformance = out / "junit-backend.xml", out / "junit-conformance.xml"
     build = [python, str(Path(__file__).resolve()), "--build", str(work)] + (["--arch", arch] if arch else [])

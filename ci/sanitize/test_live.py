@@ -118,7 +118,7 @@ KERNELS = ["local_oob", "table_oob", "wide_shift", "divergent_barrier", "write_p
 
 LAUNCH = """
 import torch
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 mod = emu.load_cuda("sanitize_live.cu", KERNELS, code=KERNEL)
 out = torch.zeros(32, dtype=torch.int32 if kernel == "wide_shift" else torch.float32)
 mod[kernel][1, 32](out, arg)
@@ -165,7 +165,7 @@ def test_emulator_errors_leave_asan_consistent():
     so it neither warns that it lost track of the stack nor reports false errors in the launches after."""
     code = f"""
 import torch
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 mod = emu.load_cuda("sanitize_live.cu", {KERNELS!r}, code={KERNEL!r})
 out = torch.zeros(32)
 for bad in ("divergent_barrier", "write_past_end") * 3:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bitsandbytes.testing import emu
 from bitsandbytes_cuda import launch
 
 
 @pytest.fixture
 def emulated():
-    emu.skip_unless_available()  # names the missing C++ compiler
+    # Imported here, not at the top: the GPU-only tests (tests/gpu) run without the emulator installed.
+    launch.emulator().skip_unless_available()  # names the missing C++ compiler
     old = launch.use_emulator(True)
     yield
     launch.use_emulator(old)

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import bitsandbytes.functional as F
+import bitsandbytes_emu as emu
 from bitsandbytes import _formats, cextension
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
 from bitsandbytes_cuda import upstream_api
 from bitsandbytes_cuda.ops import matmul_4bit as matmul_ops

@@ -223,6 +223,15 @@ def test_dry_run_lists_the_steps_and_their_boxes_fit_one_command():
     assert any("--device cuda" in line for line in lines)
 
 
+def test_the_steps_find_the_core_and_the_kernel_emulator_in_the_checkout():
+    # Nothing is installed on the lent machine: the backend's tests (their conftest, test_launch.py's
+    # emulated half) import bitsandbytes_emu, a distribution of its own, from packages/kernel-emulator/src.
+    steps = {s.name: s for s in device_check.plan(sys.executable, Path("/out"))}
+    path = steps["backend tests"].env["PYTHONPATH"].split(os.pathsep)
+    assert str(ROOT / "packages" / "core" / "src") in path
+    assert str(ROOT / "packages" / "kernel-emulator" / "src") in path
+
+
 def test_dry_run_fails_when_the_boxes_do_not_fit_the_budget():
     assert device_check.main(["--dry-run", "--budget", "400"]) == 1
     with pytest.raises(SystemExit):

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import bitsandbytes.functional as F
+import bitsandbytes_emu as emu
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 from bitsandbytes_cuda import _generate, tables, upstream_api
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"

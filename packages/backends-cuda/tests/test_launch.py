@@ -272,6 +272,19 @@ def test_use_emulator_returns_the_previous_setting():
     assert not launch.emulating()
 
 
+def test_emulation_without_the_emulator_names_the_extra_that_brings_it(monkeypatch):
+    # The emulator is the test extra (bitsandbytes-emu), not a dependency: a plain install lacks it.
+    monkeypatch.setitem(sys.modules, "bitsandbytes_emu", None)
+    with pytest.raises(ImportError, match=r"kernel emulator installed: pip install 'bitsandbytes-cuda\[test\]'"):
+        launch.use_emulator(True)
+    assert not launch.emulating()
+    # As BNB_CUDA_EMULATE=1 at import sets it, with no module compiled yet: the first launch says the same.
+    monkeypatch.setattr(launch, "_emulate", True)
+    monkeypatch.setattr(launch, "_emu_modules", {})
+    with pytest.raises(ImportError, match=r"bitsandbytes-cuda\[test\]"):
+        launch.launch("int8_vectorwise_dequant", 1, 32, 0, *_dequant_args())
+
+
 def test_checks_admit_parameters_numpy_ints_and_same_width_integers(emulated):
     import numpy as np
 

@@ -7,8 +7,8 @@ For the duration of this module every op of ``bitsandbytes_cuda.ops`` is the ``C
 
 import pytest
 
+import bitsandbytes_emu as emu
 from bitsandbytes._ops import OPS
-from bitsandbytes.testing import emu
 from bitsandbytes.testing.samples import opcheck_failures, served_as_cpu_kernels
 from bitsandbytes_cuda import launch, ops
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bitsandbytes.testing import emu
 from bitsandbytes_mps import library
 
 
 @pytest.fixture
 def emulated():
-    emu.skip_unless_available()  # names the missing C++ compiler
+    # Imported here, not at the top: the Mac-only tests (tests/mac) run without the emulator installed.
+    library.emulator().skip_unless_available()  # names the missing C++ compiler
     old = library.use_emulator(True)
     library.reset()
     yield library.load()

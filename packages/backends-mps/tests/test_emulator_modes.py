@@ -1,4 +1,4 @@
-"""The real Metal sources under the emulator's Apple-GPU options (bitsandbytes.testing.emu, docs/pages/emulator.md):
+"""The real Metal sources under the emulator's Apple-GPU options (bitsandbytes_emu, docs/pages/emulator.md):
 
 - address spaces: every assembled source passes clang's check of device/constant/threadgroup/thread,
   which the running emulation erases;
@@ -23,10 +23,10 @@ import re
 import pytest
 import torch
 
+import bitsandbytes_emu as emu
 from bitsandbytes import _formats, functional
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing import emu
 from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
 from bitsandbytes_mps import _assemble, library
 from bitsandbytes_mps.ops import int8, optimizers, quant
@@ -153,7 +153,7 @@ def optimizer_close(got, want, what):
 @pytest.mark.parametrize("source", _assemble.sources())
 def test_assembled_sources_pass_the_address_space_check(source):
     """What torch.mps.compile_shader gets, type-checked with MSL's address spaces by clang."""
-    from bitsandbytes.testing.emu.address_spaces import skip_unless_clang
+    from bitsandbytes_emu.address_spaces import skip_unless_clang
 
     skip_unless_clang()
     emu.check_metal_address_spaces(_assemble.assemble(source, emulated=True), source)
@@ -161,7 +161,7 @@ def test_assembled_sources_pass_the_address_space_check(source):
 
 def test_the_address_space_check_sees_into_the_real_kernels():
     """One helper of quant.metal given the wrong space fails at its call, inside a template instance."""
-    from bitsandbytes.testing.emu.address_spaces import skip_unless_clang
+    from bitsandbytes_emu.address_spaces import skip_unless_clang
 
     skip_unless_clang()
     text = _assemble.assemble("quant.metal", emulated=True)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
 
+import bitsandbytes_emu as emu
 from bitsandbytes._reference import int8 as reference
-from bitsandbytes.testing import emu
 from bitsandbytes_mps import _assemble, library, ops, plugin, tables
 from bitsandbytes_mps.ops import int8 as mps_int8
 
@@ -206,6 +207,15 @@ def test_the_hot_path_never_synchronizes(mac, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------- plugin
+
+
+def test_emulation_without_the_emulator_names_the_extra_that_brings_it(monkeypatch):
+    # The emulator is the test extra (bitsandbytes-emu), not a dependency: a plain install lacks it.
+    monkeypatch.setitem(sys.modules, "bitsandbytes_emu", None)
+    old = library.emulating()
+    with pytest.raises(ImportError, match=r"kernel emulator installed: pip install 'bitsandbytes-mps\[test\]'"):
+        library.use_emulator(True)
+    assert library.emulating() == old
 
 
 @pytest.mark.parametrize("available", [True, False])

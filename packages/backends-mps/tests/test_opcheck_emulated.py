@@ -7,7 +7,7 @@ op (as ``-p bitsandbytes_mps.testing.emulated`` does for the conformance suite),
 
 import pytest
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 from bitsandbytes.testing.samples import opcheck_failures, served_as_cpu_kernels
 from bitsandbytes_mps import library, ops
 

@@ -2,7 +2,7 @@
 
 The real path calls the generated ``extern "C"`` launcher ``bnb_cuda_<name>`` of the shared library with
 ctypes, on the current stream of the tensors' device. The emulated path (``use_emulator()``; tests) compiles
-the same kernel source with ``bitsandbytes.testing.emu`` and runs it on CPU tensors. Both check arguments
+the same kernel source with ``bitsandbytes_emu`` and runs it on CPU tensors. Both check arguments
 against the table entry first, so both raise the same errors for the same mistakes.
 """
 
@@ -21,6 +21,7 @@ from .tables import Kernel
 __all__ = [
     "LibraryError",
     "emulating",
+    "emulator",
     "kernel_dir",
     "launch",
     "library",
@@ -40,9 +41,27 @@ class LibraryError(RuntimeError):
     """The CUDA kernel library cannot be found, loaded or used on this machine."""
 
 
+def emulator():
+    """The kernel emulator module (``bitsandbytes_emu``). It is a test extra, not a dependency: without it,
+    a ModuleNotFoundError that names the distribution and the extra that brings it."""
+    try:
+        import bitsandbytes_emu
+    except ModuleNotFoundError as e:
+        if e.name != "bitsandbytes_emu":  # installed, but something it imports is not: that error is the news
+            raise
+        raise ModuleNotFoundError(
+            "the CUDA kernels run in emulation only with the kernel emulator installed: "
+            "pip install 'bitsandbytes-cuda[test]' (or bitsandbytes-emu, the same version)"
+        ) from e
+    return bitsandbytes_emu
+
+
 def use_emulator(enabled: bool = True) -> bool:
-    """Route every ``launch`` to the emulator (CPU tensors) or back to the library; returns the old setting."""
+    """Route every ``launch`` to the emulator (CPU tensors) or back to the library; returns the old setting.
+    Turning it on needs the kernel emulator (``emulator()`` raises, naming it, where it is missing)."""
     global _emulate
+    if enabled:
+        emulator()
     old, _emulate = _emulate, bool(enabled)
     return old
 
@@ -248,11 +267,11 @@ def _emu_module(source: str):
         mod = _emu_modules.get(source)
         if mod is None:
             import bitsandbytes
-            from bitsandbytes.testing import emu
 
             csrc = kernel_dir()
             exports = {k.name: k.expr for k in tables.by_source()[source]}
-            mod = emu.load_cuda(csrc / "kernels" / source, exports, include_dirs=[csrc, bitsandbytes.get_include()])
+            include_dirs = [csrc, bitsandbytes.get_include()]
+            mod = emulator().load_cuda(csrc / "kernels" / source, exports, include_dirs=include_dirs)
             _emu_modules[source] = mod
         return mod
 

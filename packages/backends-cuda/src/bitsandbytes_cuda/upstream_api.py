@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from . import _generate, tables
-from .launch import kernel_dir
+from .launch import emulator, kernel_dir
 
 __all__ = ["ENTRY_POINTS", "KERNEL_SOURCES", "emulated_library"]
 
@@ -43,7 +43,6 @@ def emulated_library() -> ctypes.CDLL:
     with _lock:
         if _library is None:
             import bitsandbytes
-            from bitsandbytes.testing import emu
 
             csrc = kernel_dir()
             groups = tables.by_source()
@@ -57,7 +56,7 @@ def emulated_library() -> ctypes.CDLL:
             code = "".join(_generate.source_text(s, groups[s]) for s in KERNEL_SOURCES)
             code += '#include "upstream_api.cu"\n'
             first = groups[KERNEL_SOURCES[0]][0]
-            module = emu.load_cuda(
+            module = emulator().load_cuda(
                 csrc / "upstream_api.cu",
                 {first.name: first.expr},
                 code=code,

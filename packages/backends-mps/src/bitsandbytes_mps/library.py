@@ -16,7 +16,7 @@ dropped the same way, and the op that called it reruns on the reference (``ops.r
 op for this), so a Metal failure never surfaces in the middle of a forward pass or an optimizer step. In
 emulation such a failure is a kernel bug and is raised instead.
 
-In emulation (``use_emulator``; the tests) step 2 uses ``bitsandbytes.testing.emu.metal_library`` on the
+In emulation (``use_emulator``; the tests) step 2 uses ``bitsandbytes_emu.metal_library`` on the
 same assembled text, and tensors are CPU tensors. Kernels run on PyTorch's current MPS stream: nothing
 here synchronizes.
 """
@@ -41,6 +41,7 @@ __all__ = [
     "Status",
     "dispatch",
     "emulating",
+    "emulator",
     "has",
     "load",
     "reset",
@@ -88,10 +89,27 @@ _status: Status | None = None
 _kernels: dict[str, Any] = {}  # kernel name -> callable kernel of a loaded library
 
 
+def emulator():
+    """``bitsandbytes_emu``, the kernel emulator: this package's test extra, so a ModuleNotFoundError naming it
+    where it is not installed."""
+    try:
+        import bitsandbytes_emu
+    except ModuleNotFoundError as e:
+        if e.name != "bitsandbytes_emu":  # installed, but something it imports is not: that error is the news
+            raise
+        raise ModuleNotFoundError(
+            "the Metal kernels run in emulation only with the kernel emulator installed: "
+            "pip install 'bitsandbytes-mps[test]' (or bitsandbytes-emu, the same version)"
+        ) from e
+    return bitsandbytes_emu
+
+
 def use_emulator(enabled: bool = True) -> bool:
     """Load (and dispatch to) emulated kernels on CPU tensors instead of MPS; returns the old setting.
-    Switching forgets what was loaded."""
+    Switching forgets what was loaded. Turning it on needs the kernel emulator (see ``emulator``)."""
     global _emulate
+    if enabled:
+        emulator()
     with _lock:
         old, _emulate = _emulate, bool(enabled)
         if old != _emulate:
@@ -209,7 +227,7 @@ def _admit(status: Status, k: Kernel, fn: Any) -> None:
 
 def _compile_sources(status: Status, wanted: dict[str, list[Kernel]]) -> None:
     if _emulate:
-        from bitsandbytes.testing import emu
+        emu = emulator()
 
         def compile_one(source: str) -> Any:
             return emu.metal_library(_assemble.assemble(source, emulated=True), filename=source)

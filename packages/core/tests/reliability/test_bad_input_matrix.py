@@ -33,3 +33,20 @@ def test_registered_for_cpu_is_undone():
     assert reached == {"quantize_4bit"}
     after = torch.ops.bitsandbytes.quantize_4bit(A, 64, "nf4", torch.uint8)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_a_harness_error_is_never_an_expected_outcome():
+    """A backend's harness error (the emulator's EmulationError subclasses RuntimeError) fails a row even
+    where the row expects a RuntimeError; without it passed in, the same exception is the expected one."""
+    from bad_input_cases import Raises, local_case
+
+    class HarnessError(RuntimeError):
+        pass
+
+    def oob():
+        raise HarnessError("out-of-bounds read near buffer 'A'")
+
+    case = local_case("harness", "out of bounds", oob, Raises(RuntimeError, "buffer 'A'"))
+    assert run(case) == "raises: HarnessError"
+    with pytest.raises(HarnessError):
+        run(case, harness_errors=(HarnessError,))

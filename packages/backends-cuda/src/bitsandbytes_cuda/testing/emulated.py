@@ -12,7 +12,6 @@ emulator (``upstream_api.emulated_library``, compiled at its first use), taking 
 from __future__ import annotations
 
 from bitsandbytes import cextension
-from bitsandbytes.testing import emu
 
 from .. import launch, ops, upstream_api
 
@@ -22,7 +21,7 @@ REGISTERED_OPS: list[str] = []
 
 
 def pytest_configure(config) -> None:
-    reason = emu.unavailable_reason()
+    reason = launch.emulator().unavailable_reason()
     if reason:
         raise RuntimeError(f"bitsandbytes_cuda.testing.emulated needs the kernel emulator: {reason}")
     launch.use_emulator(True)

@@ -11,8 +11,6 @@ without a Metal implementation keep whatever ``cpu`` kernel they had: the refere
 
 from __future__ import annotations
 
-from bitsandbytes.testing import emu
-
 from .. import library, ops
 
 __all__ = ["REGISTERED_OPS"]
@@ -21,7 +19,7 @@ REGISTERED_OPS: list[str] = []
 
 
 def pytest_configure(config) -> None:
-    reason = emu.unavailable_reason()
+    reason = library.emulator().unavailable_reason()
     if reason:
         raise RuntimeError(f"bitsandbytes_mps.testing.emulated needs the kernel emulator: {reason}")
     library.use_emulator(True)

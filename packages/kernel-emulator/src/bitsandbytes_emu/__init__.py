@@ -5,7 +5,7 @@ and runs on a lane scheduler: every thread of a block is a fiber, barriers and w
 lanes meet, shared memory is one region per block. Deadlocks, out-of-bounds accesses and constructs
 outside the documented subset are errors, never hangs or silent results. See docs/pages/emulator.md.
 
-    from bitsandbytes.testing import emu
+    import bitsandbytes_emu as emu
 
     mod = emu.load_cuda("kernels/reduce.cu", kernels={"block_sum": "block_sum<128>"})
     mod.block_sum[blocks, 128](x, out, x.numel())       # like block_sum<128><<<blocks, 128>>>(...)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bitsandbytes.testing import emu
-from bitsandbytes.testing.emu.address_spaces import skip_unless_clang
+import bitsandbytes_emu as emu
+from bitsandbytes_emu.address_spaces import skip_unless_clang
 
 pytestmark = pytest.mark.usefixtures("_clang")
 
@@ -130,7 +130,7 @@ def test_outside_the_subset_is_a_subset_error_not_a_space_error():
 
 
 def test_command_line_checks_address_spaces(tmp_path, capsys):
-    from bitsandbytes.testing.emu.__main__ import main
+    from bitsandbytes_emu.__main__ import main
 
     emu.skip_unless_available()
     good = tmp_path / "good.metal"

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bitsandbytes.testing.emu.build import unavailable_reason
+from bitsandbytes_emu.build import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
@@ -13,7 +13,7 @@ KERNELS = Path(__file__).parent / "kernels"
 
 
 def _lib(name_or_source, **kw):
-    from bitsandbytes.testing.emu.metal import metal_library
+    from bitsandbytes_emu.metal import metal_library
 
     if name_or_source.endswith(".metal"):
         return metal_library(KERNELS / name_or_source, **kw)  # an absolute path stays itself
@@ -21,13 +21,13 @@ def _lib(name_or_source, **kw):
 
 
 def _errors():
-    from bitsandbytes.testing.emu.errors import EmulationCompileError, EmulationError
+    from bitsandbytes_emu.errors import EmulationCompileError, EmulationError
 
     return EmulationError, EmulationCompileError
 
 
 def test_compile_shader_call_convention():
-    from bitsandbytes.testing import emu
+    import bitsandbytes_emu as emu
 
     # torch's own example: no buffer indices (implied by order), a float scalar bound as a constant.
     lib = emu.metal_library(
@@ -254,7 +254,7 @@ def test_constructs_outside_the_subset_fail_to_compile_clearly(case):
 
 
 def test_front_end_reads_attributes_and_rewrites_literals():
-    from bitsandbytes.testing.emu.metal import translate
+    from bitsandbytes_emu.metal import translate
 
     source = (
         "kernel void k(device float* a [[buffer(1)]], device float* b, uint i [[thread_position_in_grid]]) {\n"
@@ -278,14 +278,14 @@ def test_front_end_reads_attributes_and_rewrites_literals():
 def test_metal_shim_ships_with_the_package():
     from importlib.resources import files
 
-    root = files("bitsandbytes.testing.emu")
+    root = files("bitsandbytes_emu")
     names = ["metal.h", "metal/scalar.h", "metal/vec.h", "metal/swizzles.inc", "metal/math.h", "metal/atomic.h"]
     for name in [*names, "metal/simd.h", "metal_headers/metal_stdlib", "metal_headers/metal_simdgroup"]:
         assert root.joinpath("include/bnb_emu", name).is_file(), name
 
 
 def test_subset_check_command_takes_metal_sources(tmp_path, capsys):
-    from bitsandbytes.testing.emu.__main__ import main
+    from bitsandbytes_emu.__main__ import main
 
     assert main([str(KERNELS / "metal_misc.metal")]) == 0
     assert "ok:" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 // Metal Shading Language shim for the kernel emulator: compiles a .metal kernel source as C++ on the
 // host and runs it on the lane scheduler of runtime.h. The Python front end
-// (bitsandbytes.testing.emu.metal) rewrites the few constructs a header cannot express (threadgroup
+// (bitsandbytes_emu.metal) rewrites the few constructs a header cannot express (threadgroup
 // variable declarations, attributes, 'h'-suffixed literals), includes this header first and appends one
 // C entry point per kernel, which calls bnb_emu::metal_launch::run.
 //
@@ -53,7 +53,7 @@ struct Dispatch {
   uint32_t region_offset[3];
   uint32_t flags;  // DispatchFlags
 };
-// Emulation options of one dispatch (bitsandbytes.testing.emu.metal: BNB_EMU_METAL_EDGE, BNB_EMU_METAL_FTZ).
+// Emulation options of one dispatch (bitsandbytes_emu.metal: BNB_EMU_METAL_EDGE, BNB_EMU_METAL_FTZ).
 enum DispatchFlags : uint32_t {
   // threads_per_threadgroup (and simdgroups/quadgroups_per_threadgroup) of a short edge threadgroup
   // report the dispatched size instead of the actual one: Apple documents neither reading, so a kernel

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 
 CODE = """
 __global__ void is_null(const float* p, int* out) { out[0] = p == nullptr; }

@@ -1,4 +1,4 @@
-"""``python -m bitsandbytes.testing.emu FILE [...]``: do kernel sources (.cu, .metal) stay inside the emulated subset?
+"""``python -m bitsandbytes_emu FILE [...]``: do kernel sources (.cu, .metal) stay inside the emulated subset?
 
 Compiles each CUDA source in emulation (as the tests would, cached) and prints ``ok`` or the compiler's
 message, which names any construct outside the subset. ``--kernel NAME`` (or ``NAME=EXPR`` for a template
@@ -20,7 +20,7 @@ from .source import translation_unit
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bitsandbytes.testing.emu", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bitsandbytes_emu", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="+", type=Path, help="CUDA (.cu) or Metal (.metal) kernel sources")
     parser.add_argument("--kernel", action="append", default=[], metavar="NAME[=EXPR]", help="kernel to export")
     parser.add_argument("-I", dest="include_dirs", action="append", default=[], help="extra include directory")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bitsandbytes.testing.emu.build import unavailable_reason
+from bitsandbytes_emu.build import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
@@ -13,13 +13,13 @@ KERNELS = Path(__file__).parent / "kernels"
 
 
 def _lib(name):
-    from bitsandbytes.testing.emu.metal import metal_library
+    from bitsandbytes_emu.metal import metal_library
 
     return metal_library(KERNELS / name)
 
 
 def _error():
-    from bitsandbytes.testing.emu.errors import EmulationError
+    from bitsandbytes_emu.errors import EmulationError
 
     return EmulationError
 

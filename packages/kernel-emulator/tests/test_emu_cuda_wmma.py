@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bitsandbytes.testing.emu import EmulationCompileError, EmulationError
+from bitsandbytes_emu import EmulationCompileError, EmulationError
 
 T_CODE = {torch.float16: "__half", torch.bfloat16: "__nv_bfloat16", torch.float32: "float"}
 LAYOUT = {False: "wmma::row_major", True: "wmma::col_major"}

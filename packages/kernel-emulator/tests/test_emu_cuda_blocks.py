@@ -8,7 +8,7 @@ import ctypes
 import pytest
 import torch
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 
 REDUCE = {"sum128": "block_sum<128>", "sum256": "block_sum<256>", "warp_block_sum": "warp_block_sum"}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 
 KERNELS = Path(__file__).parent / "kernels"
 

@@ -97,7 +97,7 @@ __global__ void wmma_misuse(const __half* a, float* d, int mode, int offset, uns
   d[threadIdx.x] = __half2float(fa.x[0]);
 }
 
-// Instances nvcc checks (tests/emu/test_emu_cuda_subset.py compiles this file): the API use is real CUDA.
+// Instances nvcc checks (tests/test_emu_cuda_subset.py compiles this file): the API use is real CUDA.
 #define WMMA_TILE_ARGS(T, TC, TD) \
   (const T*, const T*, const TC*, TD*, unsigned, unsigned, unsigned, unsigned, int, int, int, int, int, int, float)
 template __global__ void wmma_tile<__half, 16, 16, 16, wmma::row_major, wmma::col_major, float, float> WMMA_TILE_ARGS(

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bitsandbytes.testing import emu
+import bitsandbytes_emu as emu
 
 HERE = Path(__file__).parent
 

@@ -3,7 +3,7 @@
 It is what "device = emulated cuda" looks like for the conformance suite: the kernel source is compiled
 in emulation and registered as the op's ``cpu`` kernel, so ``--device cpu`` now tests that kernel:
 
-    BNB_BACKENDS=none PYTHONPATH=packages/core/tests/emu \\
+    BNB_BACKENDS=none PYTHONPATH=packages/kernel-emulator/tests \\
         python -m bitsandbytes.testing --device cpu -p emulated_cuda_backend -k vectorwise_dequant
 
 A CUDA backend ships the same kind of module for its own kernels (one ``register`` per op).
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+import bitsandbytes_emu as emu
 from bitsandbytes import _ops
-from bitsandbytes.testing import emu
 
 KERNELS = Path(__file__).parent / "kernels"
 calls = 0

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from bitsandbytes.testing.emu import EmulationError
+from bitsandbytes_emu import EmulationError
 
 BUGS = [
     "sum_missing_barrier",

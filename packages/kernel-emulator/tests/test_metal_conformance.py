@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bitsandbytes.testing.emu.build import unavailable_reason
+from bitsandbytes_emu.build import unavailable_reason
 
 HERE = Path(__file__).parent
 

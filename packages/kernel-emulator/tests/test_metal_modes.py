@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bitsandbytes.testing.emu.build import unavailable_reason
+from bitsandbytes_emu.build import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
@@ -16,7 +16,7 @@ SOURCE = Path(__file__).parent / "kernels" / "metal_modes.metal"
 
 
 def _lib(**options):
-    from bitsandbytes.testing.emu import metal_library
+    from bitsandbytes_emu import metal_library
 
     return metal_library(SOURCE, **options)
 

@@ -5,14 +5,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from bitsandbytes.testing.emu.build import unavailable_reason
+from bitsandbytes_emu.build import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
 
 @pytest.fixture(scope="module")
 def lib():
-    from bitsandbytes.testing import emu
+    import bitsandbytes_emu as emu
 
     return emu.metal_library(Path(__file__).parent / "kernels" / "metal_math.metal")
 

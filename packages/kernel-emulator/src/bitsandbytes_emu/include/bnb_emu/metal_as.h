@@ -1,4 +1,4 @@
-// Address-space check for Metal sources (bitsandbytes.testing.emu.check_metal_address_spaces): a header
+// Address-space check for Metal sources (bitsandbytes_emu.check_metal_address_spaces): a header
 // that stands in for bnb_emu/metal.h when clang only type-checks (-fsyntax-only) the front end's C++ text.
 // Nothing here runs.
 //

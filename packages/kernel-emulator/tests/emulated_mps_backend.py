@@ -4,7 +4,7 @@ What "device = emulated mps" looks like for the conformance suite: kernels/metal
 in emulation and registered as the ``cpu`` kernel of ``quantize_4bit`` and ``dequantize_4bit``, called the
 way an MPS backend calls ``torch.mps.compile_shader`` kernels, so ``--device cpu`` tests those kernels:
 
-    BNB_BACKENDS=none PYTHONPATH=packages/core/tests/emu \\
+    BNB_BACKENDS=none PYTHONPATH=packages/kernel-emulator/tests \\
         python -m bitsandbytes.testing --device cpu -p emulated_mps_backend -k "fourbit and not gemv and not gemm"
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from bitsandbytes import _formats, _ops
-from bitsandbytes.testing.emu.metal import metal_library
+from bitsandbytes_emu.metal import metal_library
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "metal_fourbit.metal"
 SUFFIX = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
@@ -67,7 +67,7 @@ def dequantize_4bit(
 
 
 def pytest_configure(config) -> None:
-    from bitsandbytes.testing.emu.build import unavailable_reason
+    from bitsandbytes_emu.build import unavailable_reason
 
     reason = unavailable_reason()
     if reason:

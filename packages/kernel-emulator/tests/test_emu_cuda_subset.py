@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bitsandbytes.testing.emu import EmulationCompileError
-from bitsandbytes.testing.emu.__main__ import main
+from bitsandbytes_emu import EmulationCompileError
+from bitsandbytes_emu.__main__ import main
 
 KERNELS = Path(__file__).parent / "kernels"
 

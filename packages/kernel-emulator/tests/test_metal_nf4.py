@@ -7,14 +7,14 @@ import torch
 
 from bitsandbytes import _formats
 from bitsandbytes._reference import fourbit
-from bitsandbytes.testing.emu.build import unavailable_reason
+from bitsandbytes_emu.build import unavailable_reason
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
 
 @pytest.fixture(scope="module")
 def lib():
-    from bitsandbytes.testing.emu.metal import metal_library
+    from bitsandbytes_emu.metal import metal_library
 
     return metal_library(Path(__file__).parent / "kernels" / "metal_nf4.metal")
 
