@@ -63,9 +63,10 @@ def tests(session: nox.Session) -> None:
     """Every package's tests in one venv: tests-core (the core on the reference kernels, the conformance suite,
     the third-party backend template), tests-emulator (the kernel emulator's own tests), tests-cpu (the CPU
     backend built from source, its tests, upstream's bytes and checkpoints through it, the conformance suite at
-    every ISA level), tests-distributed (multi-rank FSDP on its kernels), tests-cuda-emulated and tests-mps-emulated (the GPU backends' tests and the conformance suite
-    on their kernels in the emulator), tests-clients (transformers, PEFT, accelerate, and unsloth's and
-    axolotl's ctypes use), then the wheels, built and installed from a wheelhouse as a user would."""
+    every ISA level), tests-distributed (multi-rank FSDP on its kernels), tests-cuda-emulated and
+    tests-mps-emulated (the GPU backends' tests and the conformance suite on their kernels in the emulator),
+    tests-clients (transformers, PEFT, accelerate, and unsloth's and axolotl's ctypes use), then the wheels,
+    built and installed from a wheelhouse as a user would."""
     _install_core(session)
     _tests_core(session)
     _tests_emulator(session)
