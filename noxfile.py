@@ -50,58 +50,121 @@ EMU = "./packages/kernel-emulator"
 EMU_TESTS = "packages/kernel-emulator/tests"
 
 
+# The per-package test sessions. Each sets up the venv it needs and runs one package's tests; `tests` (the
+# README's command, which .ci/run calls) runs all of them in one venv, in this order, so every backend is
+# compiled once per run: tests-core, tests-emulator, tests-cpu, tests-distributed, tests-cuda-emulated,
+# tests-mps-emulated, tests-clients, wheels. A platform owner runs theirs alone, e.g. `nox -s tests-cpu`.
+STRICT = {"BNB_STRICT_BACKENDS": "1"}
+REFERENCE_ONLY = {**STRICT, "BNB_BACKENDS": "none"}
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Core tests on the reference kernels, then the CPU backend: built from source, its own tests, the
-    multi-rank FSDP tests on its kernels, and the conformance suite through them at every ISA level; the
-    CUDA backend built with nvcc for one architecture, its tests and the conformance suite on its emulated
-    kernels; last, the real clients (transformers, PEFT, accelerate) on the native kernels; and the wheels,
-    built and installed from a wheelhouse into a fresh venv as a user would (what `nox -s wheels` does)."""
+    """Every package's tests in one venv: tests-core (the core on the reference kernels, the conformance suite,
+    the third-party backend template), tests-emulator (the kernel emulator's own tests), tests-cpu (the CPU
+    backend built from source, its tests, upstream's bytes and checkpoints through it, the conformance suite at
+    every ISA level), tests-distributed (multi-rank FSDP on its kernels), tests-cuda-emulated and
+    tests-mps-emulated (the GPU backends' tests and the conformance suite on their kernels in the emulator),
+    tests-clients (transformers, PEFT, accelerate, and unsloth's and axolotl's ctypes use), then the wheels,
+    built and installed from a wheelhouse as a user would."""
+    _install_core(session)
+    _tests_core(session)
+    _tests_emulator(session)
+    _tests_cpu(session)
+    _tests_distributed(session)
+    _tests_cuda_emulated(session)
+    _tests_mps_emulated(session)
+    _tests_clients(session)
+    wheels_installed_as_a_user_would(session)
+
+
+def _install_core(session: nox.Session) -> None:
     # ziglang: a clang from PyPI for the Metal address-space check, where the machine has no clang++; nox:
     # the report tests drive this file's tests-mps / tests-cuda sessions with a fake session.
-    install(session, "torch", "-e", f"{CORE}[test]", "-e", EMU, "ziglang", "nox")
-    strict = {"BNB_STRICT_BACKENDS": "1"}
-    session.run(
-        "pytest",
-        "packages/core/tests",
-        f"--ignore={CLIENT_TESTS}",
-        f"--ignore={DISTRIBUTED_TESTS}",
-        *session.posargs,
-        env={**strict, "BNB_BACKENDS": "none"},
-    )
-    session.run("pytest", EMU_TESTS, *session.posargs, env={**strict, "BNB_BACKENDS": "none"})
+    install(session, "torch", "-e", f"{CORE}[test]", "ziglang", "nox")
+
+
+def _install_emulator(session: nox.Session) -> None:
+    """The kernel emulator (bitsandbytes-emu), editable: the CUDA and MPS backends' test extra."""
+    install(session, "-e", EMU)
+
+
+@nox.session(name="tests-core")
+def tests_core(session: nox.Session) -> None:
+    """The core on its reference kernels (no backend loaded), the conformance suite as a backend author runs
+    it, and examples/backend_template installed and tested as an outsider would."""
+    _install_core(session)
+    _tests_core(session)
+
+
+def _tests_core(session: nox.Session) -> None:
+    ignore = (f"--ignore={CLIENT_TESTS}", f"--ignore={DISTRIBUTED_TESTS}")
+    session.run("pytest", "packages/core/tests", *ignore, *session.posargs, env=REFERENCE_ONLY)
     # The conformance suite as a backend author runs it: installed package, one device.
-    session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env={**strict, "BNB_BACKENDS": "none"})
+    session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", env=REFERENCE_ONLY)
     _plugin_template(session)
 
-    raw = _native_wheels(session)
-    _install_wheel(session, raw, "bitsandbytes_cpu")
+
+@nox.session(name="tests-emulator")
+def tests_emulator(session: nox.Session) -> None:
+    """The kernel emulator's own tests: its CUDA and Metal shims against plain C++ and the hardware's rules."""
+    _install_core(session)
+    _tests_emulator(session)
+
+
+def _tests_emulator(session: nox.Session) -> None:
+    _install_emulator(session)
+    session.run("pytest", EMU_TESTS, *session.posargs, env=REFERENCE_ONLY)
+
+
+@nox.session(name="tests-cpu")
+def tests_cpu(session: nox.Session) -> None:
+    """The CPU backend built from source: its own tests, upstream's bytes, behaviours and checkpoints through
+    its kernels (upstream itself, in a venv of its own, loads what we write), and the conformance suite at
+    every ISA level this CPU runs."""
+    _install_core(session)
+    _tests_cpu(session)
+
+
+def _tests_cpu(session: nox.Session) -> None:
+    _install_native(session, "bitsandbytes_cpu")
     # The cross-compiled NEON driver is its own session (tests-neon): minutes of qemu, arm64 only.
-    session.run("pytest", "packages/backends-cpu/tests", f"--ignore={NEON_DRIVER_TESTS}", *session.posargs, env=strict)
+    session.run("pytest", "packages/backends-cpu/tests", f"--ignore={NEON_DRIVER_TESTS}", *session.posargs, env=STRICT)
     # Upstream's bytes must come out of the native kernels too.
     compat = ["packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py"]
-    session.run("pytest", "-q", *compat, *UPSTREAM_BEHAVIOUR_TESTS, env=strict)
-    upstream_loads_our_checkpoints(session, env=strict)
-    session.run("pytest", "-q", DISTRIBUTED_TESTS, env=strict)
+    session.run("pytest", "-q", *compat, *UPSTREAM_BEHAVIOUR_TESTS, env=STRICT)
+    upstream_loads_our_checkpoints(session, env=STRICT)
     for isa in _cpu_isas(session):
         session.log(f"conformance on the CPU backend, BNB_CPU_ISA={isa}")
-        session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**strict, "BNB_CPU_ISA": isa})
+        session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", env={**STRICT, "BNB_CPU_ISA": isa})
 
-    _tests_cuda_emulated(session, strict, raw)
-    _tests_mps_emulated(session, strict)
 
+@nox.session(name="tests-clients")
+def tests_clients(session: nox.Session) -> None:
+    """The real clients on the native CPU kernels: transformers, PEFT and accelerate on a tiny Llama built from
+    a config; unsloth's and axolotl's ctypes use of the library, without native code and (with nvcc) on the
+    emulated CUDA library."""
+    _install_core(session)
+    _install_native(session, "bitsandbytes_cpu")
+    if _have_nvcc():
+        _install_native(session, "bitsandbytes_cuda")
+    _tests_clients(session)
+
+
+def _tests_clients(session: nox.Session) -> None:
     install(session, *CLIENTS)
-    session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=strict)
-    # unsloth's and axolotl's ctypes use again without native code, and on the emulated CUDA library.
+    session.run("pytest", "-q", CLIENT_TESTS, *session.posargs, env=STRICT)
+    ctypes_clients = f"{CLIENT_TESTS}/test_unsloth_axolotl_imports.py"
+    session.run("pytest", "-q", ctypes_clients, env=REFERENCE_ONLY)
+    if _have_nvcc():  # the CUDA backend is installed (tests-cuda-emulated, or the session above)
+        emulated = ("-p", "bitsandbytes_cuda.testing.emulated")
+        session.run("pytest", "-q", ctypes_clients, *emulated, env=REFERENCE_ONLY)
+
+
+def _have_nvcc() -> bool:
     import shutil
 
-    ctypes_clients = f"{CLIENT_TESTS}/test_unsloth_axolotl_imports.py"
-    session.run("pytest", "-q", ctypes_clients, env={**strict, "BNB_BACKENDS": "none"})
-    if shutil.which("nvcc") is not None:  # the CUDA backend was installed above
-        emulated = ("-p", "bitsandbytes_cuda.testing.emulated")
-        session.run("pytest", "-q", ctypes_clients, *emulated, env={**strict, "BNB_BACKENDS": "none"})
-
-    wheels_installed_as_a_user_would(session)
+    return shutil.which("nvcc") is not None
 
 
 def _cpu_isas(session: nox.Session) -> list[str]:
@@ -136,10 +199,15 @@ def tests_neon(session: nox.Session) -> None:
 
 @nox.session(name="tests-distributed")
 def tests_distributed(session: nox.Session) -> None:
-    """The multi-rank tests alone: FSDP2-sharded 4-bit models and 8-bit optimizers, torch.distributed.checkpoint
-    save/load/reshard, and FSDP-QLoRA training on 2 and 4 gloo ranks on the CPU (part of `tests` too)."""
-    install(session, "torch", "-e", f"{CORE}[test]", "./packages/backends-cpu")
-    session.run("pytest", DISTRIBUTED_TESTS, *session.posargs, env={"BNB_STRICT_BACKENDS": "1"})
+    """The multi-rank tests: FSDP2-sharded 4-bit models and 8-bit optimizers, torch.distributed.checkpoint
+    save/load/reshard, and FSDP-QLoRA training on 2 and 4 gloo ranks, on the CPU backend's kernels."""
+    _install_core(session)
+    _tests_distributed(session)
+
+
+def _tests_distributed(session: nox.Session) -> None:
+    _install_native(session, "bitsandbytes_cpu")
+    session.run("pytest", "-q", DISTRIBUTED_TESTS, *session.posargs, env=STRICT)
 
 
 PLUGIN_TEMPLATE = ROOT / "examples" / "backend_template"
@@ -173,19 +241,24 @@ def _plugin_template(session: nox.Session) -> None:
         session.run(python, "-m", "pytest", "-v", "-p", "no:cacheprovider", tests, env=env, external=True)
 
 
-def _tests_cuda_emulated(session: nox.Session, strict: dict, raw: Path) -> None:
+@nox.session(name="tests-cuda-emulated")
+def tests_cuda_emulated(session: nox.Session) -> None:
     """The CUDA backend without a GPU: built with nvcc for one architecture (BNB_CUDA_ARCHS, default 80,
     keeps CI time modest), its own tests, then the conformance suite on its kernels in the emulator."""
-    import shutil
+    _install_core(session)
+    _tests_cuda_emulated(session)
 
-    if shutil.which("nvcc") is None:
+
+def _tests_cuda_emulated(session: nox.Session) -> None:
+    if not _have_nvcc():
         session.log("skipping the CUDA backend: nvcc is not on PATH (install the CUDA toolkit to build it)")
         return
-    _install_wheel(session, raw, "bitsandbytes_cuda")
-    session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=strict)
+    _install_emulator(session)
+    _install_native(session, "bitsandbytes_cuda")
+    session.run("pytest", "packages/backends-cuda/tests", *session.posargs, env=STRICT)
     session.log("conformance on the emulated CUDA kernels")
     emulated = ("-p", "bitsandbytes_cuda.testing.emulated")
-    session.run("pytest", "-q", *UPSTREAM_BEHAVIOUR_EMULATED, *emulated, env={**strict, "BNB_BACKENDS": "none"})
+    session.run("pytest", "-q", *UPSTREAM_BEHAVIOUR_EMULATED, *emulated, env=REFERENCE_ONLY)
     session.run(
         "python",
         "-m",
@@ -194,23 +267,30 @@ def _tests_cuda_emulated(session: nox.Session, strict: dict, raw: Path) -> None:
         "cpu",
         "-q",
         *emulated,
-        env={**strict, "BNB_BACKENDS": "none"},
+        env=REFERENCE_ONLY,
     )
 
 
-def _tests_mps_emulated(session: nox.Session, strict: dict) -> None:
+@nox.session(name="tests-mps-emulated")
+def tests_mps_emulated(session: nox.Session) -> None:
     """The MPS backend without a Mac: installed (a pure wheel off macOS), its own tests (tables vs the .metal
     signatures, the loader's fallbacks with torch's MPS entry points faked, the kernels vs the reference),
     then the conformance suite on its Metal kernels in the emulator. CMake and scikit-build-core come in
     for tests/test_build.py, which configures and builds the macOS metallib path with a fake xcrun."""
+    _install_core(session)
+    _tests_mps_emulated(session)
+
+
+def _tests_mps_emulated(session: nox.Session) -> None:
+    _install_emulator(session)
     install(session, f"{MPS}[test]", "cmake", "scikit-build-core", "pathspec")
     session.run("pytest", "packages/backends-mps/tests", "--ignore=packages/backends-mps/tests/mac", *session.posargs,
-                env=strict)  # fmt: skip
+                env=STRICT)  # fmt: skip
     session.log("conformance on the emulated Metal kernels")
     emulated = ("-p", "bitsandbytes_mps.testing.emulated")
-    session.run("pytest", "-q", *UPSTREAM_BEHAVIOUR_EMULATED, *emulated, env={**strict, "BNB_BACKENDS": "none"})
+    session.run("pytest", "-q", *UPSTREAM_BEHAVIOUR_EMULATED, *emulated, env=REFERENCE_ONLY)
     session.run("python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", *emulated,
-                env={**strict, "BNB_BACKENDS": "none"})  # fmt: skip
+                env=REFERENCE_ONLY)  # fmt: skip
 
 
 # The wheel tools, pinned (`nox -s wheels`).
@@ -269,43 +349,58 @@ def wheels_installed_as_a_user_would(session: nox.Session) -> None:
     _install_from_wheelhouse(session, tmp)
 
 
-# Session runs whose native wheels are built (a set of their raw/ folders).
-_NATIVE_WHEELS_BUILT: set[str] = set()
+# The compiled backends: distribution folder per wheel name.
+NATIVE = {"bitsandbytes_cpu": "./packages/backends-cpu", "bitsandbytes_cuda": CUDA}
+# What this nox run has built (raw/ folder + wheel name) and installed (venv + wheel name).
+_NATIVE_BUILT: set[str] = set()
+_NATIVE_INSTALLED: set[str] = set()
 
 
-def _native_wheels(session: nox.Session) -> Path:
-    """The CPU wheel, and the CUDA wheel for CUDA_CI_ARCH when nvcc is here, built once per run into the
-    session's tmp/raw: `tests` installs these very files and the wheel checks repair and ship them, so each
-    backend is compiled once per run, not once to test and again to package (minutes of CI for CUDA)."""
+def _native_wheel(session: nox.Session, name: str) -> Path:
+    """Builds the `name` wheel once per run into the session's tmp/raw and returns that folder: the test
+    sessions install these very files and the wheel checks repair and ship them, so each backend is compiled
+    once per run, not once to test and again to package (minutes of CI for CUDA)."""
     import shutil
 
     # Not session.create_tmp(): that also points TMPDIR into the checkout for every later command, and
     # tests that run pytest in a tmp_path would then see the repository's rootdir (node ids change).
     raw = Path(session.virtualenv.location).resolve() / "tmp" / "raw"
-    if str(raw) in _NATIVE_WHEELS_BUILT:
-        return raw
-    session.install(*WHEEL_TOOLS)
-    shutil.rmtree(raw, ignore_errors=True)
-    raw.mkdir(parents=True)
-    build = ("python", "-m", "build", "--outdir", str(raw), "--wheel")
-    session.run(*build, "./packages/backends-cpu")
-    if shutil.which("nvcc") is not None:
-        session.run(*build, CUDA, env={"BNB_CUDA_ARCHS": CUDA_CI_ARCH})
-    else:
-        session.log("no CUDA wheel: nvcc is not on PATH")
-    _NATIVE_WHEELS_BUILT.add(str(raw))
+    if str(raw) not in _NATIVE_BUILT:  # first build of this run: no wheel left from an earlier run ships
+        session.install(*WHEEL_TOOLS)
+        shutil.rmtree(raw, ignore_errors=True)
+        raw.mkdir(parents=True)
+        _NATIVE_BUILT.add(str(raw))
+    if f"{raw}/{name}" not in _NATIVE_BUILT:
+        env = {"BNB_CUDA_ARCHS": CUDA_CI_ARCH} if name == "bitsandbytes_cuda" else None
+        session.run("python", "-m", "build", "--outdir", str(raw), "--wheel", NATIVE[name], env=env)
+        _NATIVE_BUILT.add(f"{raw}/{name}")
     return raw
 
 
-def _install_wheel(session: nox.Session, raw: Path, name: str) -> None:
-    """Installs the one `name` wheel _native_wheels built, over whatever a reused venv holds (same version)."""
+def _native_wheels(session: nox.Session) -> Path:
+    """The CPU wheel, and the CUDA wheel for CUDA_CI_ARCH when nvcc is here (see _native_wheel)."""
+    raw = _native_wheel(session, "bitsandbytes_cpu")
+    if _have_nvcc():
+        _native_wheel(session, "bitsandbytes_cuda")
+    else:
+        session.log("no CUDA wheel: nvcc is not on PATH")
+    return raw
+
+
+def _install_native(session: nox.Session, name: str) -> None:
+    """Installs the `name` wheel _native_wheel built, over whatever a reused venv holds (same version)."""
+    raw = _native_wheel(session, name)
+    if f"{session.virtualenv.location}/{name}" in _NATIVE_INSTALLED:
+        return
     (wheel,) = raw.glob(f"{name}-*.whl")
     install(session, "--no-deps", "--force-reinstall", str(wheel))
+    _NATIVE_INSTALLED.add(f"{session.virtualenv.location}/{name}")
 
 
 def _repair_or_keep(session: nox.Session, wheel: Path) -> None:
-    """auditwheel repair to the best manylinux tag the binary qualifies for; libcuda (the driver) and the
-    CUDA runtime are never vendored (the driver is the user's, torch brings the runtime)."""
+    """auditwheel repair to the best manylinux tag the binary qualifies for; libcuda (the driver) is the
+    user's and never vendored, and neither is a shared CUDA runtime, should a build ever link one (ours
+    links cudart statically)."""
     import shutil
 
     if sys.platform != "linux":
