@@ -28,12 +28,31 @@ FUSED_MAX_ROWS = {torch.bfloat16: 8, torch.float32: 16, torch.float16: 16}
 # GEMM (weights decoded tile by tile into registers' worth of bf16, never a dequantized slab) beats
 # dequantize + torch GEMM (measured on Zen 4: 1.5x at 32 rows, even at 64, slower from 128 on).
 BF16_TILE_MAX_ROWS = 64
-# dtype the GEMM path dequantizes to and multiplies in. fp16: torch's CPU fp16 GEMM is several times
-# slower than fp32, and the fp32 weight is allowed (module docstring of the conformance test).
-GEMM_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
-# Bytes of dequantized weight per slab on the GEMM path: small enough to still be in cache when the GEMM
-# reads it, large enough that the per-slab Python overhead stays negligible (measured: 2-4 MiB best).
+# dtype the GEMM route multiplies in: fp32 for every A (see _fp32_tiles_into), except bf16 A where
+# torch's bf16 GEMM is fast (FAST_BF16_GEMM).
+GEMM_DTYPE = {torch.bfloat16: torch.float32, torch.float32: torch.float32, torch.float16: torch.float32}
+# Bytes of fp32 weight per tile on the fp32 route: small enough to still be in cache when the GEMM reads
+# it, large enough that the per-tile Python overhead stays negligible.
+TILE_BYTES = 4 << 20
+# Bytes of bf16 weight per slab on the bf16 route (measured on AVX-512: 2-4 MiB best).
 SLAB_BYTES = 4 << 20
+# Whether bf16 A takes torch's bf16 GEMM (bf16 slabs) rather than the fp32 tiles; None: by CPU feature
+# (_fast_bf16_gemm). Tests set it to run either route here.
+FAST_BF16_GEMM: bool | None = None
+
+
+def _fast_bf16_gemm() -> bool:
+    """Without AVX512-BF16 (or AMX) torch's CPU bf16 GEMM converts to fp32 inside its kernel and runs at
+    a fraction of its fp32 GEMM (AVX2 Zen 3, 2 threads, [M, 4096] x [4096, 4096]: 20 GFLOP/s against 46
+    at M = 32 and 100 at M = 512), so the fp32 tiles win there. With them its bf16 GEMM does two
+    multiply-adds per fp32 lane (vdpbf16ps) or tiles (AMX) and reads half the bytes: the bf16 slabs,
+    the route measured on Zen 4 when FUSED_MAX_ROWS and BF16_TILE_MAX_ROWS were set, stay there."""
+    if FAST_BF16_GEMM is not None:
+        return FAST_BF16_GEMM
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, p, lambda: False)() for p in probes)
+
 
 _TABLES: dict[str, torch.Tensor] = {}
 # One slab buffer per Python thread (kernels release the GIL, so threads must not share it), kept between
@@ -86,19 +105,49 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
         # Nested scales are expanded inside the kernel as its rows read them (no separate pass).
         _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads(), *(nested or ()))
         return
+    if A.dtype == torch.bfloat16 and _fast_bf16_gemm():
+        _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
+    else:
+        _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
+
+
+def _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested) -> None:
+    """The reference's product (A and W rounded to A's dtype, fp32 products and sums, + bias in fp32,
+    one rounding) on torch's fp32 GEMM, one tile of output features at a time: the tile's weights are
+    decoded to fp32 already rounded to A's dtype, so only the order of the fp32 sums differs. The tile
+    buffer (TILE_BYTES, reused) and a [M, tile] fp32 result are all the memory it takes beside A in fp32."""
+    rows = min(N, max(16, TILE_BYTES // (4 * K)))
+    W = _slab_buffer(rows * K, torch.float32)
+    A32 = A.reshape(M, K).float()
+    bias32 = None if bias is None else bias.float()
+    res = torch.empty(M * rows, dtype=torch.float32)
+    out2 = out.view(M, N)
+    rd = str(A.dtype).removeprefix("torch.")
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        Wt = W[: (n1 - n0) * K]
+        _C.dequantize_4bit_tile_f32(Bb, absmax, code, blocksize, n0 * K, n1 * K, rd, Wt, threads(), *(nested or ()))
+        r = torch.mm(A32, Wt.view(n1 - n0, K).t(), out=res[: M * (n1 - n0)].view(M, n1 - n0))
+        # Written straight into out's columns: the bias sum (fp32) and the cast to A's dtype in one pass.
+        if bias32 is None:
+            out2[:, n0:n1].copy_(r)
+        else:
+            torch.add(r, bias32[n0:n1], out=out2[:, n0:n1])
+
+
+def _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested) -> None:
+    """bf16 A where torch's bf16 GEMM is fast: bf16 slabs of the weight into torch's bf16 GEMM."""
     if nested is not None:
         absmax = _effective_absmax(absmax, *nested)
-    gdt = GEMM_DTYPE[A.dtype]
-    A2 = A.reshape(M, K).to(gdt)
-    bias2 = None if bias is None else bias.to(gdt)
+    A2 = A.reshape(M, K)
     out2 = out.view(M, N)
-    slab = min(N, max(64, SLAB_BYTES // (K * torch.finfo(gdt).bits // 8)))
-    W = _slab_buffer(slab * K, gdt).view(slab, K)
+    slab = min(N, max(64, SLAB_BYTES // (K * 2)))
+    W = _slab_buffer(slab * K, torch.bfloat16).view(slab, K)
     for n0 in range(0, N, slab):
         n1 = min(N, n0 + slab)
         Wt = W[: n1 - n0]
         _C.dequantize_4bit_range(Bb, absmax, code, blocksize, n0 * K, n1 * K, Wt, threads())
-        out2[:, n0:n1] = torch.nn.functional.linear(A2, Wt, None if bias2 is None else bias2[n0:n1])
+        out2[:, n0:n1] = torch.nn.functional.linear(A2, Wt, None if bias is None else bias[n0:n1])
 
 
 def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
