@@ -16,26 +16,88 @@ namespace BNB_ISA_NS {
 
 namespace {
 
-// Flat weights [f, fend) of one block, whose 16 possible values are tab, into out[0 ...].
-void decode_segment(const uint8_t* B, const float* tab, int64_t f, int64_t fend, float* out) {
+#if defined(BNB_ISA_AVX512)
+// v rounded to D (nearest even, as torch) and widened back to fp32.
+template <DType D>
+inline __m512 round16(__m512 v) {
+  if constexpr (D == DType::f16) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else if constexpr (D == DType::bf16) {
+    const __m512i u = _mm512_castps_si512(v), hi_mask = _mm512_set1_epi32(int(0xffff0000u));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), hi_mask);
+    // NaN: truncated and made quiet, as float_to_bf16 (rounding could carry it into the exponent).
+    const __m512i nan = _mm512_or_si512(_mm512_and_si512(u, hi_mask), _mm512_set1_epi32(0x400000));
+    r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan);
+    return _mm512_castsi512_ps(r);
+  } else {
+    return v;
+  }
+}
+#elif defined(BNB_ISA_AVX2)
+template <DType D>
+inline __m256 round8(__m256 v) {
+  if constexpr (D == DType::f16) {
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  } else if constexpr (D == DType::bf16) {
+    const __m256i u = _mm256_castps_si256(v), hi_mask = _mm256_set1_epi32(int(0xffff0000u));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), hi_mask);
+    const __m256i nan = _mm256_or_si256(_mm256_and_si256(u, hi_mask), _mm256_set1_epi32(0x400000));
+    r = _mm256_blendv_epi8(r, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    return _mm256_castsi256_ps(r);
+  } else {
+    return v;
+  }
+}
+#endif
+
+// The 16 values one block's codes stand for: code[c] * scale in fp32 (the reference's product),
+// rounded to D and widened back; in registers where the vector loop looks them up.
+template <DType D>
+struct BlockTable {
+  alignas(64) float s[16];
+#if defined(BNB_ISA_AVX512)
+  __m512 v;
+  BlockTable(const float* code, float scale) {
+    v = round16<D>(_mm512_mul_ps(_mm512_loadu_ps(code), _mm512_set1_ps(scale)));
+    _mm512_store_ps(s, v);
+  }
+#elif defined(BNB_ISA_AVX2)
+  __m256 lo, hi;
+  BlockTable(const float* code, float scale) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    lo = round8<D>(_mm256_mul_ps(_mm256_loadu_ps(code), sc));
+    hi = round8<D>(_mm256_mul_ps(_mm256_loadu_ps(code + 8), sc));
+    _mm256_store_ps(s, lo);
+    _mm256_store_ps(s + 8, hi);
+  }
+#else
+  BlockTable(const float* code, float scale) {
+    for (int c = 0; c < 16; ++c) s[c] = Elem<D>::load(Elem<D>::store(code[c] * scale));
+  }
+#endif
+};
+
+// Flat weights [f, fend) of one block, whose 16 possible values are t, into out[0 ...].
+template <DType D>
+void decode_segment(const uint8_t* B, const BlockTable<D>& t, int64_t f, int64_t fend, float* out) {
   auto one = [&](int64_t i) {
     const uint8_t byte = B[i >> 1];
-    *out++ = tab[(i & 1) ? (byte & 15) : (byte >> 4)];
+    *out++ = t.s[(i & 1) ? (byte & 15) : (byte >> 4)];
   };
   // The vector loops start on a byte boundary (an odd K starts rows mid-byte).
   if (f < fend && (f & 1)) one(f++);
 #if defined(BNB_ISA_AVX512)
-  const __m512 t = _mm512_loadu_ps(tab);
   const __m256i c15 = _mm256_set1_epi16(15);
   for (; f + 32 <= fend; f += 32, out += 32) {
     const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + f / 2)));
     // Bytes hi0 lo0 hi1 lo1 ...: one code per byte, in output order.
     const __m256i nib = _mm256_or_si256(_mm256_srli_epi16(w, 4), _mm256_slli_epi16(_mm256_and_si256(w, c15), 8));
-    _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(nib)), t));
-    _mm512_storeu_ps(out + 16, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(nib, 1)), t));
+    _mm512_storeu_ps(out, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(nib)), t.v));
+    _mm512_storeu_ps(out + 16, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(nib, 1)), t.v));
   }
 #elif defined(BNB_ISA_AVX2)
-  const __m256 t_lo = _mm256_loadu_ps(tab), t_hi = _mm256_loadu_ps(tab + 8);
   const __m256i c15 = _mm256_set1_epi16(15);
   for (; f + 32 <= fend; f += 32, out += 32) {
     const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(B + f / 2)));
@@ -44,13 +106,13 @@ void decode_segment(const uint8_t* B, const float* tab, int64_t f, int64_t fend,
     for (int k = 0; k < 4; ++k) {
       const __m128i h = halves[k / 2];
       const __m256i idx = _mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(h, 8) : h);
-      const __m256 lo = _mm256_permutevar8x32_ps(t_lo, idx), hi = _mm256_permutevar8x32_ps(t_hi, idx);
+      const __m256 lo = _mm256_permutevar8x32_ps(t.lo, idx), hi = _mm256_permutevar8x32_ps(t.hi, idx);
       // Bit 3 of the code picks the half of the table: moved to the sign bit for blendv.
       _mm256_storeu_ps(out + 8 * k, _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28))));
     }
   }
 #elif defined(BNB_ISA_NEON)
-  const neon_simd::Planes32 pl(tab);
+  const neon_simd::Planes32 pl(t.s);
   for (; f + 32 <= fend; f += 32, out += 32) {
     const uint8x16x2_t c = neon_simd::unpack_nibbles(vld1q_u8(B + f / 2));
     pl.lookup_store(c.val[0], out);
@@ -72,9 +134,7 @@ void decode_range(const uint8_t* B, const float* absmax, const NestedAbsmax* nes
       const float v = nested->code[nested->q[b]] * absmax[b / BNB_DOUBLE_QUANT_BLOCKSIZE];
       scale = v + nested->offset;
     }
-    alignas(64) float tab[16];
-    for (int c = 0; c < 16; ++c) tab[c] = Elem<D>::load(Elem<D>::store(code[c] * scale));
-    decode_segment(B, tab, f, send, out + (f - i0));
+    decode_segment<D>(B, BlockTable<D>(code, scale), f, send, out + (f - i0));
     f = send;
   }
 }

@@ -3,10 +3,11 @@
 Few rows of A: a fused kernel decodes each weight once (16-entry table scaled per block, looked up 16 or
 32 codes at a time) and multiplies it into every row with fp32 accumulation (AVX512-BF16 dot products
 for bf16 A where the CPU has them; for bf16 up to BF16_TILE_MAX_ROWS rows, a register-blocked GEMM on
-weight tiles decoded on the fly). Many rows: the weight is dequantized one slab of output features at
-a time (bf16 for bf16 A, else fp32) and multiplied by torch's GEMM (oneDNN / MKL); each slab is still in
-cache when the GEMM reads it. The crossover is a row count measured per dtype (FUSED_MAX_ROWS).
-"""
+weight tiles decoded on the fly). Many rows: the weight is decoded one tile of output features at a
+time into a reused buffer still in cache when torch's GEMM (oneDNN / MKL) reads it: fp32 values
+rounded as the reference rounds the weight for A's dtype, multiplied in fp32 (the reference's own
+arithmetic but for the order of the sums), or bf16 slabs and torch's bf16 GEMM for bf16 A where that
+GEMM is fast (_fast_bf16_gemm). The crossover is a row count measured per dtype (FUSED_MAX_ROWS)."""
 
 from __future__ import annotations
 
