@@ -32,9 +32,11 @@ BF16_TILE_MAX_ROWS = 64
 # dtype the GEMM route multiplies in: fp32 for every A (see _fp32_tiles_into), except bf16 A where
 # torch's bf16 GEMM is fast (FAST_BF16_GEMM).
 GEMM_DTYPE = {torch.bfloat16: torch.float32, torch.float32: torch.float32, torch.float16: torch.float32}
-# Bytes of fp32 weight per tile on the fp32 route: small enough to still be in cache when the GEMM reads
-# it, large enough that the per-tile Python overhead stays negligible.
-TILE_BYTES = 4 << 20
+# Bytes of fp32 weight per tile on the fp32 route (the buffer, reused, whatever N): within the last-level
+# cache (32 MiB on the Zen 3 measured) when the GEMM reads it, and few GEMM calls per weight: each call
+# ends at an OpenMP barrier, which on an oversubscribed machine waits a scheduler time slice (measured
+# there at M = 32, 4096 x 4096, 2 threads: 4 MiB tiles 455 ms, 8 MiB 270, 16 MiB 224, one fp32 F.linear 166).
+TILE_BYTES = 16 << 20
 # Bytes of bf16 weight per slab on the bf16 route (measured on AVX-512: 2-4 MiB best).
 SLAB_BYTES = 4 << 20
 # Whether bf16 A takes torch's bf16 GEMM (bf16 slabs) rather than the fp32 tiles; None: by CPU feature
