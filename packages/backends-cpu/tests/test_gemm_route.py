@@ -262,3 +262,33 @@ def test_unrounded_weights_are_caught(monkeypatch, dtype):
         out = ops.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4")
     with pytest.raises(AssertionError):
         check_correctly_rounded(out, A, q, expanded, blocksize, "nf4", N, K, None)
+
+
+@pytest.mark.parametrize(("fast", "dtype"), [(False, torch.bfloat16), (True, torch.bfloat16), (False, torch.float32)])
+def test_rows_above_the_crossover_take_the_gemm_route(monkeypatch, fast, dtype):
+    """The crossover of bf16 A follows the route above it (BF16_FUSED_MAX_ROWS_FP32_TILES on the fp32 tiles)."""
+    N, K, blocksize = 40, 256, 64
+    q, absmax, _, _ = weight(N, K, blocksize, seed=14)
+    used = []
+
+    class Spy(Recorder):
+        def __getattr__(self, name):
+            fn = getattr(_C, name)
+            if name not in ("gemv_4bit", "dequantize_4bit_tile_f32", "dequantize_4bit_range"):
+                return fn
+            return lambda *a, **k: (used.append(name), fn(*a, **k))[1]
+
+    monkeypatch.setattr(mm, "_C", Spy())
+    with setting("FAST_BF16_GEMM", fast):
+        if dtype == torch.bfloat16 and not fast:
+            limit = mm.BF16_FUSED_MAX_ROWS_FP32_TILES
+        else:
+            limit = mm.FUSED_MAX_ROWS[dtype]
+        gemm = "dequantize_4bit_range" if fast and dtype == torch.bfloat16 else "dequantize_4bit_tile_f32"
+        for M, expected in ((limit, "gemv_4bit"), (limit + 1, gemm)):
+            used.clear()
+            A = randn((M, K), dtype, seed=M, spread=False)
+            ops.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4")
+            if fast and M <= mm.BF16_TILE_MAX_ROWS and mm._bf16_tiles(K, blocksize):
+                expected = "gemv_4bit"  # the register-blocked AVX512-BF16 GEMM takes these rows
+            assert expected in used and set(used) <= {expected, "gemv_4bit_bf16_dot"}, (M, used)

@@ -11,6 +11,7 @@ GEMM is fast (_fast_bf16_gemm). The crossover is a row count measured per dtype 
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -29,6 +30,11 @@ FUSED_MAX_ROWS = {torch.bfloat16: 8, torch.float32: 16, torch.float16: 16}
 # GEMM (weights decoded tile by tile into registers' worth of bf16, never a dequantized slab) beats
 # dequantize + torch GEMM (measured on Zen 4: 1.5x at 32 rows, even at 64, slower from 128 on).
 BF16_TILE_MAX_ROWS = 64
+# bf16 A where the many-row route is the fp32 tiles (no fast bf16 GEMM): rows up to which the fused kernel
+# is used instead. Measured on Zen 3 (AVX2, 2 threads, 4096 x 4096, the machine oversubscribed, load ~10):
+# fused 40 ms against tiles 236 at 16 rows; from 32 rows the tiles beat dense bf16 on a quiet machine
+# (torch's fp32 GEMM 23 ms there against its bf16 54, the fused kernel 76).
+BF16_FUSED_MAX_ROWS_FP32_TILES = 16
 # dtype the GEMM route multiplies in: fp32 for every A (see _fp32_tiles_into), except bf16 A where
 # torch's bf16 GEMM is fast (FAST_BF16_GEMM).
 GEMM_DTYPE = {torch.bfloat16: torch.float32, torch.float32: torch.float32, torch.float16: torch.float32}
@@ -50,8 +56,11 @@ def _fast_bf16_gemm() -> bool:
     at M = 32 and 100 at M = 512), so the fp32 tiles win there. With them its bf16 GEMM does two
     multiply-adds per fp32 lane (vdpbf16ps) or tiles (AMX) and reads half the bytes: the bf16 slabs,
     the route measured on Zen 4 when FUSED_MAX_ROWS and BF16_TILE_MAX_ROWS were set, stay there."""
-    if FAST_BF16_GEMM is not None:
-        return FAST_BF16_GEMM
+    return _cpu_has_fast_bf16() if FAST_BF16_GEMM is None else FAST_BF16_GEMM
+
+
+@functools.cache
+def _cpu_has_fast_bf16() -> bool:
     cpu = getattr(torch, "cpu", None)
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(cpu, p, lambda: False)() for p in probes)
@@ -102,13 +111,15 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
     Bb = _bytes(B)
     absmax = absmax.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    if M <= FUSED_MAX_ROWS.get(A.dtype, 8) or (
-        A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)
-    ):
+    fast_bf16 = A.dtype == torch.bfloat16 and _fast_bf16_gemm()
+    fused_max = FUSED_MAX_ROWS.get(A.dtype, 8)
+    if A.dtype == torch.bfloat16 and not fast_bf16:
+        fused_max = BF16_FUSED_MAX_ROWS_FP32_TILES
+    if M <= fused_max or (A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)):
         # Nested scales are expanded inside the kernel as its rows read them (no separate pass).
         _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads(), *(nested or ()))
         return
-    if A.dtype == torch.bfloat16 and _fast_bf16_gemm():
+    if fast_bf16:
         _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
     else:
         _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
