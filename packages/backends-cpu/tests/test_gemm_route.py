@@ -292,3 +292,15 @@ def test_rows_above_the_crossover_take_the_gemm_route(monkeypatch, fast, dtype):
             if fast and M <= mm.BF16_TILE_MAX_ROWS and mm._bf16_tiles(K, blocksize):
                 expected = "gemv_4bit"  # the register-blocked AVX512-BF16 GEMM takes these rows
             assert expected in used and set(used) <= {expected, "gemv_4bit_bf16_dot"}, (M, used)
+
+
+def test_compiled_linear4bit_on_the_gemm_route_equals_eager():
+    """Inductor sees gemm_4bit as one opaque op: compiled and eager forwards are the same bits."""
+    torch.manual_seed(1)
+    layer = bitsandbytes.nn.Linear4bit(128, 96, bias=True, compute_dtype=torch.bfloat16, quant_type="fp4")
+    layer = layer.to("cpu").to(torch.bfloat16)
+    x = randn((2, 20, 128), torch.bfloat16, seed=15, spread=False)
+    with setting("FAST_BF16_GEMM", False), torch.no_grad():
+        eager = layer(x)
+        compiled = torch.compile(layer, fullgraph=True)(x)
+    assert torch.equal(compiled, eager)
