@@ -3,13 +3,15 @@
 Few rows of A: a fused kernel decodes each weight once (16-entry table scaled per block, looked up 16 or
 32 codes at a time) and multiplies it into every row with fp32 accumulation (AVX512-BF16 dot products
 for bf16 A where the CPU has them; for bf16 up to BF16_TILE_MAX_ROWS rows, a register-blocked GEMM on
-weight tiles decoded on the fly). Many rows: the weight is dequantized one slab of output features at
-a time (bf16 for bf16 A, else fp32) and multiplied by torch's GEMM (oneDNN / MKL); each slab is still in
-cache when the GEMM reads it. The crossover is a row count measured per dtype (FUSED_MAX_ROWS).
-"""
+weight tiles decoded on the fly). Many rows: the weight is decoded one tile of output features at a
+time into a reused buffer still in cache when torch's GEMM (oneDNN / MKL) reads it: fp32 values
+rounded as the reference rounds the weight for A's dtype, multiplied in fp32 (the reference's own
+arithmetic but for the order of the sums), or bf16 slabs and torch's bf16 GEMM for bf16 A where that
+GEMM is fast (_fast_bf16_gemm). The crossover is a row count measured per dtype (FUSED_MAX_ROWS)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -28,12 +30,41 @@ FUSED_MAX_ROWS = {torch.bfloat16: 8, torch.float32: 16, torch.float16: 16}
 # GEMM (weights decoded tile by tile into registers' worth of bf16, never a dequantized slab) beats
 # dequantize + torch GEMM (measured on Zen 4: 1.5x at 32 rows, even at 64, slower from 128 on).
 BF16_TILE_MAX_ROWS = 64
-# dtype the GEMM path dequantizes to and multiplies in. fp16: torch's CPU fp16 GEMM is several times
-# slower than fp32, and the fp32 weight is allowed (module docstring of the conformance test).
-GEMM_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float32: torch.float32, torch.float16: torch.float32}
-# Bytes of dequantized weight per slab on the GEMM path: small enough to still be in cache when the GEMM
-# reads it, large enough that the per-slab Python overhead stays negligible (measured: 2-4 MiB best).
+# bf16 A where the many-row route is the fp32 tiles (no fast bf16 GEMM): rows up to which the fused kernel
+# is used instead. Measured on Zen 3 (AVX2, 2 threads, 4096 x 4096, the machine oversubscribed, load ~10):
+# fused 40 ms against tiles 236 at 16 rows; from 32 rows the tiles beat dense bf16 on a quiet machine
+# (torch's fp32 GEMM 23 ms there against its bf16 54, the fused kernel 76).
+BF16_FUSED_MAX_ROWS_FP32_TILES = 16
+# dtype the GEMM route multiplies in: fp32 for every A (see _fp32_tiles_into), except bf16 A where
+# torch's bf16 GEMM is fast (FAST_BF16_GEMM).
+GEMM_DTYPE = {torch.bfloat16: torch.float32, torch.float32: torch.float32, torch.float16: torch.float32}
+# Bytes of fp32 weight per tile on the fp32 route (the buffer, reused, whatever N): within the last-level
+# cache (32 MiB on the Zen 3 measured) when the GEMM reads it, and few GEMM calls per weight: each call
+# ends at an OpenMP barrier, which on an oversubscribed machine waits a scheduler time slice (measured
+# there at M = 32, 4096 x 4096, 2 threads: 4 MiB tiles 455 ms, 8 MiB 270, 16 MiB 224, one fp32 F.linear 166).
+TILE_BYTES = 16 << 20
+# Bytes of bf16 weight per slab on the bf16 route (measured on AVX-512: 2-4 MiB best).
 SLAB_BYTES = 4 << 20
+# Whether bf16 A takes torch's bf16 GEMM (bf16 slabs) rather than the fp32 tiles; None: by CPU feature
+# (_fast_bf16_gemm). Tests set it to run either route here.
+FAST_BF16_GEMM: bool | None = None
+
+
+def _fast_bf16_gemm() -> bool:
+    """Without AVX512-BF16 (or AMX) torch's CPU bf16 GEMM converts to fp32 inside its kernel and runs at
+    a fraction of its fp32 GEMM (AVX2 Zen 3, 2 threads, [M, 4096] x [4096, 4096]: 20 GFLOP/s against 46
+    at M = 32 and 100 at M = 512), so the fp32 tiles win there. With them its bf16 GEMM does two
+    multiply-adds per fp32 lane (vdpbf16ps) or tiles (AMX) and reads half the bytes: the bf16 slabs,
+    the route measured on Zen 4 when FUSED_MAX_ROWS and BF16_TILE_MAX_ROWS were set, stay there."""
+    return _cpu_has_fast_bf16() if FAST_BF16_GEMM is None else FAST_BF16_GEMM
+
+
+@functools.cache
+def _cpu_has_fast_bf16() -> bool:
+    cpu = getattr(torch, "cpu", None)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, p, lambda: False)() for p in probes)
+
 
 _TABLES: dict[str, torch.Tensor] = {}
 # One slab buffer per Python thread (kernels release the GIL, so threads must not share it), kept between
@@ -80,25 +111,57 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
     Bb = _bytes(B)
     absmax = absmax.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    if M <= FUSED_MAX_ROWS.get(A.dtype, 8) or (
-        A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)
-    ):
+    fast_bf16 = A.dtype == torch.bfloat16 and _fast_bf16_gemm()
+    fused_max = FUSED_MAX_ROWS.get(A.dtype, 8)
+    if A.dtype == torch.bfloat16 and not fast_bf16:
+        fused_max = BF16_FUSED_MAX_ROWS_FP32_TILES
+    if M <= fused_max or (A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)):
         # Nested scales are expanded inside the kernel as its rows read them (no separate pass).
         _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads(), *(nested or ()))
         return
+    if fast_bf16:
+        _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
+    else:
+        _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
+
+
+def _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested) -> None:
+    """The reference's product (A and W rounded to A's dtype, fp32 products and sums, + bias in fp32,
+    one rounding) on torch's fp32 GEMM, one tile of output features at a time: the tile's weights are
+    decoded to fp32 already rounded to A's dtype, so only the order of the fp32 sums differs. The tile
+    buffer (TILE_BYTES, reused) and a [M, tile] fp32 result are all the memory it takes beside A in fp32."""
+    rows = min(N, max(16, TILE_BYTES // (4 * K)))
+    W = _slab_buffer(rows * K, torch.float32)
+    A32 = A.reshape(M, K).float()
+    bias32 = None if bias is None else bias.float()
+    res = torch.empty(M * rows, dtype=torch.float32)
+    out2 = out.view(M, N)
+    rd = str(A.dtype).removeprefix("torch.")
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        Wt = W[: (n1 - n0) * K]
+        _C.dequantize_4bit_tile_f32(Bb, absmax, code, blocksize, n0 * K, n1 * K, rd, Wt, threads(), *(nested or ()))
+        r = torch.mm(A32, Wt.view(n1 - n0, K).t(), out=res[: M * (n1 - n0)].view(M, n1 - n0))
+        # Written straight into out's columns: the bias sum (fp32) and the cast to A's dtype in one pass.
+        if bias32 is None:
+            out2[:, n0:n1].copy_(r)
+        else:
+            torch.add(r, bias32[n0:n1], out=out2[:, n0:n1])
+
+
+def _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested) -> None:
+    """bf16 A where torch's bf16 GEMM is fast: bf16 slabs of the weight into torch's bf16 GEMM."""
     if nested is not None:
         absmax = _effective_absmax(absmax, *nested)
-    gdt = GEMM_DTYPE[A.dtype]
-    A2 = A.reshape(M, K).to(gdt)
-    bias2 = None if bias is None else bias.to(gdt)
+    A2 = A.reshape(M, K)
     out2 = out.view(M, N)
-    slab = min(N, max(64, SLAB_BYTES // (K * torch.finfo(gdt).bits // 8)))
-    W = _slab_buffer(slab * K, gdt).view(slab, K)
+    slab = min(N, max(64, SLAB_BYTES // (K * 2)))
+    W = _slab_buffer(slab * K, torch.bfloat16).view(slab, K)
     for n0 in range(0, N, slab):
         n1 = min(N, n0 + slab)
         Wt = W[: n1 - n0]
         _C.dequantize_4bit_range(Bb, absmax, code, blocksize, n0 * K, n1 * K, Wt, threads())
-        out2[:, n0:n1] = torch.nn.functional.linear(A2, Wt, None if bias2 is None else bias2[n0:n1])
+        out2[:, n0:n1] = torch.nn.functional.linear(A2, Wt, None if bias is None else bias[n0:n1])
 
 
 def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
