@@ -610,6 +610,9 @@ def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Bud
         while not all(map(done, impls)):
             for name, (fn, _) in impls.items():
                 if not done(name):
+                    # The previous round's result (maybe another implementation's fresh 32 MiB, whose
+                    # munmap takes a good part of a millisecond) is freed here, not inside this round.
+                    timed = None
                     t0 = time.perf_counter()
                     timed = fn()
                     dt = time.perf_counter() - t0
