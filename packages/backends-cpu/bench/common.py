@@ -125,6 +125,17 @@ def cases(quick: bool) -> list[Case]:
                 bytes=n + 4 * ceil(n / BLOCKSIZE_8BIT) + 4 * n,
             )
         )
+        out.append(
+            Case(
+                f"dequantize_blockwise/api/{s}",
+                "dequantize_blockwise",
+                "dequantize_blockwise (8-bit dynamic map, blocksize 4096, fp32 out)",
+                "public API (F.dequantize_blockwise, allocates out)",
+                N,
+                K,
+                bytes=n + 4 * ceil(n / BLOCKSIZE_8BIT) + 4 * n,
+            )
+        )
         layer = _packed_bytes(n)
         out.append(
             Case(
@@ -199,6 +210,9 @@ def cases(quick: bool) -> list[Case]:
                 )
             )
     out += extra_cases(quick)
+    import user_api  # it imports this module: imported here, once both are loaded
+
+    out += user_api.matrix_cases(quick)
     N, K = ADAM_SHAPE
     n = N * K
     # g, p read; p written; two uint8 states read + written; absmax per 256 read + written.
@@ -229,6 +243,7 @@ def cases(quick: bool) -> list[Case]:
                 dense="torch.optim.AdamW(fused=True).step()",
             )
         )
+    out += user_api.optimizer_cases()
     return out
 
 
@@ -489,6 +504,12 @@ def inputs(case: Case) -> dict[str, object]:
             "absmax1": torch.zeros((ema, blocks) if ema == 2 else blocks),
             "absmax2": torch.zeros(blocks),
         }
+    if kind == "linear4bit":
+        import user_api
+
+        return user_api.matrix_inputs(case)
+    if kind == "optimclass":
+        return {}  # each side's optimizer builds its parameter (user_api.optimizer_param)
     raise KeyError(case.id)
 
 
@@ -605,6 +626,9 @@ def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Bud
         while not all(map(done, impls)):
             for name, (fn, _) in impls.items():
                 if not done(name):
+                    # The previous round's result (maybe another implementation's fresh 32 MiB, whose
+                    # munmap takes a good part of a millisecond) is freed here, not inside this round.
+                    timed = None
                     t0 = time.perf_counter()
                     timed = fn()
                     dt = time.perf_counter() - t0
@@ -627,6 +651,14 @@ def copy_bandwidth(budget: Budget) -> dict:
     dst = torch.empty_like(src)
     t = measure(lambda: dst.copy_(src), Budget(max(budget.seconds, 0.5), 5, 50), warmup=2)
     return {**t, "bytes": 2 * COPY_BYTES, "GBps": 2 * COPY_BYTES / t["median_s"] / 1e9}
+
+
+def read_bandwidth(budget: Budget) -> dict:
+    """This machine's pure-read bandwidth, the roof of read-mostly ops (batch-1 gemv): median of
+    ``src.sum()`` over COPY_BYTES of fp32."""
+    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
+    t = measure(lambda: src.sum(), Budget(max(budget.seconds, 0.5), 5, 50), warmup=2)
+    return {**t, "bytes": COPY_BYTES, "GBps": COPY_BYTES / t["median_s"] / 1e9}
 
 
 def set_threads(n: int) -> int:

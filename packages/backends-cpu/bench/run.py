@@ -1,13 +1,13 @@
 """CPU benchmark of bitsandbytes-cpu (``nox -s bench``): a benchmark, not a test.
 
-For every op and weight shape of issue 3 it times, in one invocation and with the same thread count:
+For every op and weight shape of issues 3 and 19 it times, in one invocation and with the same thread count:
 - ours: the op through the dispatcher when bitsandbytes-cpu registers a native cpu kernel for it
   (read back from the dispatcher); ops not native yet show "—" and only the reference;
 - the reference: the core's pure-PyTorch kernel, called directly;
 - upstream bitsandbytes, in its own venv: ``upstream_worker.py`` runs there as a subprocess and times
   each case right before ours, on identical seeded inputs;
 - dense torch where it applies (bf16 ``F.linear``, ``torch.optim.AdamW(fused=True)``);
-and this machine's copy bandwidth, for GB/s as a share of what memory can do. Results (markdown +
+and this machine's copy and pure-read bandwidths, for GB/s as a share of what memory can do. Results (markdown +
 JSON) go to ``results/`` next to this file; the issue's targets are judged at the end.
 
     python run.py [--quick] [--threads 2] [--upstream-python PATH] [--only SUBSTRING]
@@ -35,6 +35,7 @@ import common  # noqa: E402
 import report  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as TF  # noqa: E402
+import user_api  # noqa: E402
 
 
 class Upstream:
@@ -151,7 +152,11 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
         add("reference", lambda: R["quantize_blockwise"](W, code, common.BLOCKSIZE_8BIT))
     elif kind == "dequantize_blockwise":
         A, absmax, code = t["A"], t["absmax"], F.create_dynamic_map(signed=True)
-        add("ours", lambda: ops.dequantize_blockwise(A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32))
+        if "/api/" in case.id:
+            state = F.QuantState(absmax=absmax, code=code, blocksize=common.BLOCKSIZE_8BIT, dtype=torch.float32)
+            add("ours", lambda: F.dequantize_blockwise(A, quant_state=state))
+        else:
+            add("ours", lambda: ops.dequantize_blockwise(A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32))
         add("reference", lambda: R["dequantize_blockwise"](A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32))
     elif kind == "gemv_4bit" and "/interleaved/" in case.id:
         x, (q, absmax), code = t["x"], t["layers"][0], F.get_4bit_type(qt)
@@ -183,6 +188,17 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
         add("reference", lambda: R["gemm_4bit"](x, q, [N, K], t["absmax2"], bs, qt, **nested))
         add("dense", lambda: TF.linear(x, dense_w))
         checks["reference"] = common.sample(R["gemm_4bit"](x, q, [N, K], t["absmax2"], bs, qt, **nested))
+    elif kind == "linear4bit":
+        import bitsandbytes as bnb
+
+        fn, extra = user_api.matrix_fn(bnb, case, t)
+        add("ours", fn, case.calls)
+        checks["ours"] = extra["sample"]
+    elif kind == "optimclass":
+        import bitsandbytes as bnb
+
+        add("ours", user_api.optimizer_fn(bnb, case))
+        add("dense", user_api.dense_optimizer_fn(case))
     elif kind == "decode":
         import bitsandbytes as bnb
 
@@ -273,8 +289,13 @@ def native_ops() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="CPU benchmark of bitsandbytes-cpu (issue 3).")
-    parser.add_argument("--quick", action="store_true", help="one shape, shorter timing budget (about 2 minutes)")
+    parser = argparse.ArgumentParser(description="CPU benchmark of bitsandbytes-cpu (issue 19's targets).")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="4096x4096 only, 5 of the 12 Linear4bit formats (user_api.QUICK_MATRIX), shorter timing budget "
+        "(about 4 minutes)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every side (default 2)")
     parser.add_argument("--upstream-python", default="", help="interpreter of a venv with upstream bitsandbytes")
     parser.add_argument("--only", default="", help="run only the cases whose id contains this substring")
@@ -311,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": _loadavg(),
     }
     print(f"threads {threads}, ISA {meta['isa']}, native on cpu: {', '.join(native) or 'none'}", flush=True)
-    copy_start = common.copy_bandwidth(budget)
-    print(f"copy bandwidth {copy_start['GBps']:.1f} GB/s", flush=True)
+    copy_start, read_start = common.copy_bandwidth(budget), common.read_bandwidth(budget)
+    print(f"copy bandwidth {copy_start['GBps']:.1f} GB/s, read {read_start['GBps']:.1f} GB/s", flush=True)
+    # The last saved run of the same mode: "every existing row stays at least as fast" is judged against it.
+    baseline = report.load_baseline(args.out / "cpu_bench.json", args.quick)
 
     upstream, upstream_meta, upstream_error = None, None, "no --upstream-python given"
     if args.upstream_python:
@@ -380,11 +403,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"the torch op alone: {times['torch_op']['median_s'] * 1e3:.3g} ms ({common.INTERLEAVED_OP})"
                 )
             up_sample = times.get("upstream", {}).get("sample")
-            if up_sample and "reference" in checks:
-                diff = max_rel_diff(up_sample, checks["reference"])
-                times["upstream"]["max_rel_diff_vs_reference"] = diff
+            against = next((k for k in ("reference", "ours") if k in checks), None)
+            if up_sample and against:
+                diff = max_rel_diff(up_sample, checks[against])
+                times["upstream"][f"max_rel_diff_vs_{against}"] = diff
                 case.notes.append(
-                    f"upstream's output vs the reference: max rel. difference {diff:.2g} (first 16 values)"
+                    f"upstream's output vs {'the reference' if against == 'reference' else 'ours'}: "
+                    f"max rel. difference {diff:.2g} (first 16 values)"
                 )
             del t, impls
             row = {**case.to_dict(), "native": is_native, "times": times}
@@ -395,11 +420,14 @@ def main(argv: list[str] | None = None) -> int:
         if upstream is not None:
             upstream.close()
 
-    copy_end = common.copy_bandwidth(budget)
+    copy_end, read_end = common.copy_bandwidth(budget), common.read_bandwidth(budget)
     best = max(copy_start, copy_end, key=lambda r: r["GBps"])
+    best_read = max(read_start, read_end, key=lambda r: r["GBps"])
     results = {
         "meta": {**meta, "wall_s": time.perf_counter() - start, "load_end": _loadavg()},
         "copy_bandwidth": {**best, "start_GBps": copy_start["GBps"], "end_GBps": copy_end["GBps"]},
+        "read_bandwidth": {**best_read, "start_GBps": read_start["GBps"], "end_GBps": read_end["GBps"]},
+        "baseline": baseline,
         "upstream_meta": upstream_meta,
         "upstream_error": upstream_error,
         "cases": rows,

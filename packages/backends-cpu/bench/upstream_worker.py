@@ -17,6 +17,8 @@ What runs is upstream's public path on CPU, as a user gets it:
   repacked so. Without AVX512-BF16 upstream has no such path and the plain (dequantize + matmul)
   forward is timed instead; ``meta.repacked_eval_path`` says which.
 - Adam8bit: ``torch.ops.bitsandbytes.optimizer_update_8bit_blockwise`` (upstream's torch code on CPU).
+- The issue-19 rows of ``user_api.py``: the same code as ours (``Linear4bit`` eval over the format
+  matrix, the 8-bit optimizer classes' ``step()``), given upstream's ``bitsandbytes``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common
 import torch
+import user_api
 
 
 def _send(obj: dict) -> None:
@@ -116,9 +119,16 @@ def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
             return ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT)
     elif kind == "dequantize_blockwise":
         A, absmax, code = t["A"], t["absmax"], F.create_dynamic_map(signed=True)
+        state = F.QuantState(absmax=absmax, code=code, blocksize=common.BLOCKSIZE_8BIT, dtype=torch.float32)
 
         def fn():
+            if "/api/" in case.id:
+                return F.dequantize_blockwise(A, quant_state=state)
             return ops.dequantize_blockwise(A, absmax, code, common.BLOCKSIZE_8BIT, torch.float32)
+    elif kind == "linear4bit":
+        fn, extra = user_api.matrix_fn(bnb, case, t)
+    elif kind == "optimclass":
+        fn = user_api.optimizer_fn(bnb, case)
     elif kind == "decode":
         model = common.decode_model(bnb)
         fns = common.decode_fns(model)
@@ -216,7 +226,7 @@ def run_case(bnb, F, case: common.Case, budget: common.Budget) -> dict:
         )
     else:
         raise KeyError(case.id)
-    calls = case.calls if kind in ("gemv_4bit", "decode") or "/nested1/" in case.id else 1
+    calls = case.calls if kind in ("gemv_4bit", "decode", "linear4bit") or "/nested1/" in case.id else 1
     with torch.no_grad():
         return {**common.measure(fn, budget, calls=calls), **extra}
 

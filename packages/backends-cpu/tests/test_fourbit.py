@@ -191,17 +191,26 @@ def test_concurrent_calls_from_python_threads():
         assert_same(deq, ref.dequantize_4bit(want_q, want_absmax, 64, "nf4", deq.shape, torch.bfloat16))
 
 
-def test_large_dequantize_streams_the_same_bytes():
-    # Outputs of 16 MiB and more are written with streaming stores when 64-byte aligned (plain stores
-    # otherwise): both must give the reference's bytes, for any thread count.
-    n = (8 << 20) + 64
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("blocksize", [32, 64, 4096])
+def test_large_dequantize_streams_the_same_bytes(dtype, blocksize):
+    # Outputs of 16 MiB and more are written with streaming stores (AVX-512 and AVX2) when the output
+    # and every block start on the vector width (plain stores otherwise: a misaligned streaming store
+    # faults): both must give the reference's bytes, at every ISA level and thread count.
+    n = (16 << 20) // dtype.itemsize + blocksize
     g = torch.Generator().manual_seed(11)
     packed = torch.randint(0, 256, ((n + 1) // 2,), generator=g, dtype=torch.uint8)
-    absmax = torch.rand(n // 64, generator=g) * 4
-    want = ref.dequantize_4bit(packed, absmax, 64, "nf4", (n,), torch.bfloat16)
-    buf = torch.empty(n + 1, dtype=torch.bfloat16)
-    for out in (buf[:-1], buf[1:]):
-        for threads in (1, 2):
-            out.fill_(0)
-            _C.dequantize_4bit(packed, absmax, "nf4", 64, out, threads)
-            assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    absmax = torch.rand(n // blocksize, generator=g) * 4
+    want = ref.dequantize_4bit(packed, absmax, blocksize, "nf4", (n,), dtype)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    buf = torch.empty(n + 16, dtype=dtype)
+    assert buf.data_ptr() % 64 == 0
+    for name in ISAS:
+        with isa(name):
+            # Aligned to 64 bytes, to 32 but not 64 (AVX2 streams, AVX-512 must not), and to neither.
+            for shift in (0, 32 // dtype.itemsize, 1):
+                out = buf[shift : shift + n]
+                for threads in (1, 2):
+                    out.fill_(0)
+                    _C.dequantize_4bit(packed, absmax, "nf4", blocksize, out, threads)
+                    assert torch.equal(out.view(bits), want.view(bits)), (name, shift, threads)

@@ -321,8 +321,8 @@ void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const Format4& f, 
 // Dequantizes one block of len values (starting on a byte boundary) from its table of 16 scaled
 // values st (table[code] * absmax, rounded to the output type: the same float32 product the
 // reference computes, so the bits are identical).
-// Stream: o + i is 64-byte aligned at every multiple i of 32 (the caller checked), and the stores
-// bypass the cache (see dequantize_4bit).
+// Stream: o + i is aligned to the vector width (64 bytes with AVX-512, 32 with AVX2) at every
+// multiple i of 32 (the caller checked), and the stores bypass the cache (see dequantize_4bit).
 template <DType D, bool Stream>
 void dequantize_block(const uint8_t* in, int64_t len, const float* table, float scale, typename Elem<D>::T* o) {
   using T = typename Elem<D>::T;
@@ -381,7 +381,11 @@ void dequantize_block(const uint8_t* in, int64_t len, const float* table, float 
         __m256i idx = _mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(h, 8) : h);
         __m256 lo = _mm256_permutevar8x32_ps(st_lo, idx), hi = _mm256_permutevar8x32_ps(st_hi, idx);
         // Bit 3 of the code picks the half: move it to the sign bit for blendv.
-        _mm256_storeu_ps(o + i + 8 * k, _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28))));
+        __m256 r = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+        if constexpr (Stream)
+          _mm256_stream_ps(o + i + 8 * k, r);
+        else
+          _mm256_storeu_ps(o + i + 8 * k, r);
       }
     }
   } else {
@@ -398,8 +402,14 @@ void dequantize_block(const uint8_t* in, int64_t len, const float* table, float 
       __m256i lo = _mm256_shuffle_epi8(t_lo, nib), hi = _mm256_shuffle_epi8(t_hi, nib);
       __m256i a = _mm256_unpacklo_epi8(lo, hi);  // outputs 0-7 | 16-23
       __m256i b = _mm256_unpackhi_epi8(lo, hi);  // outputs 8-15 | 24-31
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_permute2x128_si256(a, b, 0x20));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i + 16), _mm256_permute2x128_si256(a, b, 0x31));
+      __m256i r0 = _mm256_permute2x128_si256(a, b, 0x20), r1 = _mm256_permute2x128_si256(a, b, 0x31);
+      if constexpr (Stream) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(o + i), r0);
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(o + i + 16), r1);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), r0);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i + 16), r1);
+      }
     }
   }
 #elif defined(BNB_ISA_NEON)
@@ -464,18 +474,24 @@ void dequantize_4bit(const uint8_t* A, const float* absmax, QuantType qt, int64_
           int64_t start = b * blocksize, len = n - start < blocksize ? n - start : blocksize;
           dequantize_block<D, decltype(stream)::value>(A + start / 2, len, table, absmax[b], y + start);
         }
-#if defined(BNB_ISA_AVX512)
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
         if (decltype(stream)::value) _mm_sfence();  // streamed stores are weakly ordered
 #endif
       });
     };
-#if defined(BNB_ISA_AVX512)
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
     // An output much larger than the caches would only evict everything else on its way to DRAM,
-    // and ordinary stores first read each line they overwrite: streaming stores skip both. They need
-    // 64-byte aligned stores: every block (and so every 32-value step) starts on a 64-byte boundary.
+    // and ordinary stores first read each line they overwrite (for a bf16 output that read is as
+    // large as the write, and twice the packed input): streaming stores skip both. They need stores
+    // aligned to the vector width: every block (and so every 32-value step) starts on such a boundary.
+#if defined(BNB_ISA_AVX512)
+    constexpr int64_t kAlign = 64;
+#else
+    constexpr int64_t kAlign = 32;
+#endif
     const int64_t bytes = n * int64_t(sizeof(typename Elem<D>::T));
-    if (bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(y) % 64 == 0 &&
-        blocksize * int64_t(sizeof(typename Elem<D>::T)) % 64 == 0) {
+    if (bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(y) % kAlign == 0 &&
+        blocksize * int64_t(sizeof(typename Elem<D>::T)) % kAlign == 0) {
       run(std::true_type{});
       return;
     }
