@@ -551,9 +551,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """CPU benchmark of issue 3 (a benchmark, not a test): native kernels vs the reference, upstream
-    bitsandbytes in a venv of its own, and dense torch; 2 threads. Writes
-    packages/backends-cpu/bench/results/cpu_bench.{md,json}. `nox -s bench -- --quick`: one shape, ~2 min."""
+    """CPU benchmark (a benchmark, not a test; the targets of issue 19): native kernels vs the reference,
+    upstream bitsandbytes in a venv of its own, and dense torch; 2 threads. Writes
+    packages/backends-cpu/bench/results/cpu_bench.{md,json}. `nox -s bench -- --quick`: one shape, ~4 min."""
     # transformers: the decode-loop row builds a Llama-shaped model from a config (both sides).
     install(session, "torch", "transformers", "-e", CORE)
     install(session, "./packages/backends-cpu")
