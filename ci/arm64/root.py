@@ -191,7 +191,8 @@ def ensure_venv(cache: Path, name: str) -> str:
     venv = f"/opt/venv-{name}"
     host = cache / "root" / venv.lstrip("/")
     if not (host / "bin" / "python").exists():
-        run_in_root(cache, ["python3", "-m", "venv", venv], cwd="/")
+        # No pip of its own (ensurepip takes minutes under qemu): base's, seen through the .pth, installs here.
+        run_in_root(cache, ["python3", "-m", "venv", "--without-pip", venv], cwd="/")
     site = next((host / "lib").glob("python3*/site-packages"))
     base_site = next((cache / "root" / BASE.lstrip("/") / "lib").glob("python3*/site-packages"))
     (site / "_bnb_base.pth").write_text(f"/{base_site.relative_to(cache / 'root')}\n")

@@ -9,13 +9,15 @@ Steps, in order (name some to run only those: `nox -s tests-arm64 -- build confo
     detect            the ISA level detected under several emulated CPUs (QEMU_CPU) and natively-read features
     conformance       `python -m bitsandbytes.testing --device cpu -q` at every arm64 level (QEMU_CPU=max)
     conformance-best  the same at the best level only (the short selection)
-    backend-tests     packages/backends-cpu/tests (less the host-side qemu driver test)
+    bytes             packages/backends-cpu/tests/test_cross_arch_bytes.py: x86's bytes at every level; then
+                      every kernel must have run at every level (conformance and this step together)
     compat            the upstream compatibility fixtures (packages/core/tests/test_compat_*.py)
+    backend-tests     packages/backends-cpu/tests (less the host-side qemu driver test); the longest, last
 
 The test steps count the calls into each of the backend's kernels per ISA level (kernel_coverage.py) and
-print them; a level at which some kernel never ran fails the conformance step. Every step runs even when
-an earlier test step failed; the exit status says whether all passed. The wall time of each step goes to
-build/arm64/times.json and the log, the kernel counts to build/arm64/coverage-*.json.
+print them. Every step runs even when an earlier test step failed; the exit status says whether all
+passed. The wall time of each step goes to build/arm64/times.json and the log, the kernel counts to
+build/arm64/coverage-*.json.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cross  # this folder's cross.py
 import root as arm64  # this folder's root.py, not an installed module
 
-STEPS = ("setup", "build", "detect", "conformance", "backend-tests", "compat")
+STEPS = ("setup", "build", "detect", "conformance", "bytes", "compat", "backend-tests")
 OPTIONAL = ("conformance-best",)
 STRICT = {"BNB_STRICT_BACKENDS": "1"}
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider")
@@ -91,20 +93,25 @@ class Runner:
         path.unlink(missing_ok=True)
         return {"PYTHONPATH": str(Path(__file__).resolve().parent), "BNB_KERNEL_COVERAGE": str(path)}
 
-    def covered(self, tag: str, level: str) -> bool:
-        """Whether every kernel ran at `level` (and at no other) in the run that wrote coverage-<tag>.json."""
-        path = OUT / f"coverage-{tag}.json"
-        if not path.exists():
-            arm64.log(f"no kernel counts from {tag} ({path})")
+    def covered(self, tags: list[str], level: str) -> bool:
+        """Whether every kernel ran at `level` in the runs that wrote coverage-<tag>.json (those present)."""
+        kernels: list[str] = []
+        calls: dict[str, int] = {}
+        for tag in tags:
+            path = OUT / f"coverage-{tag}.json"
+            if path.exists():
+                data = json.loads(path.read_text())
+                kernels = data["kernels"]
+                for k, n in data["calls"].get(level, {}).items():
+                    calls[k] = calls.get(k, 0) + n
+        if not kernels:
+            arm64.log(f"no kernel counts from {', '.join(tags)}")
             return False
-        data = json.loads(path.read_text())
-        calls = data["calls"].get(level, {})
-        missing = [k for k in data["kernels"] if not calls.get(k)]
-        others = sorted(set(data["calls"]) - {level})
-        arm64.log(f"kernels run at {level}: {len(data['kernels']) - len(missing)} of {len(data['kernels'])}"
-                  f"{'; never run: ' + ', '.join(missing) if missing else ''}"
-                  f"{'; calls at other levels too: ' + ', '.join(others) if others else ''}")  # fmt: skip
-        return not missing and not others
+        missing = [k for k in kernels if not calls.get(k)]
+        arm64.log(f"kernels run at {level} ({' + '.join(tags)}): {len(kernels) - len(missing)} of {len(kernels)}"
+                  f"{'; never run: ' + ', '.join(missing) if missing else ''}")  # fmt: skip
+        arm64.log("  " + ", ".join(f"{k} {calls.get(k, 0)}" for k in kernels))
+        return not missing
 
     def levels(self) -> list[str]:
         out = arm64.REPO / "build" / "arm64" / "levels.txt"
@@ -129,7 +136,7 @@ class Runner:
             argv = ["python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", *COVERAGE]
             env = {**STRICT, "BNB_CPU_ISA": level, **self.coverage_env(f"conformance-{level}")}
             ok &= self.run(argv, env=env) == 0
-            ok &= self.covered(f"conformance-{level}", level)
+            self.covered([f"conformance-{level}"], level)  # informative; `bytes` checks every kernel ran
             self.times[f"conformance[{level}]"] = round(time.monotonic() - start, 1)
         return ok
 
@@ -137,8 +144,17 @@ class Runner:
         ignore = [f"--ignore={p}" for p in HOST_ONLY]
         env = {**STRICT, **self.coverage_env("backend-tests")}
         ok = self.run([*PYTEST, *COVERAGE, "packages/backends-cpu/tests", *ignore], env=env) == 0
-        self.covered("backend-tests", self.levels()[-1])  # informative: these tests switch levels themselves
+        for level in self.levels():  # informative: these tests switch levels themselves
+            self.covered(["backend-tests"], level)
         return ok
+
+    def bytes(self) -> bool:
+        env = {**STRICT, **self.coverage_env("bytes")}
+        ok = self.run([*PYTEST, *COVERAGE, "packages/backends-cpu/tests/test_cross_arch_bytes.py"], env=env) == 0
+        levels = self.levels()
+        for level in levels:
+            ok &= self.covered([f"conformance-{level}", "bytes"], level)
+        return ok and bool(levels)
 
     def compat(self) -> bool:
         return self.run([*PYTEST, *COMPAT], env=STRICT) == 0
@@ -164,6 +180,7 @@ def main() -> int:
         "detect": r.detect,
         "conformance": lambda: r.conformance(best_only=False),
         "conformance-best": lambda: r.conformance(best_only=True),
+        "bytes": r.bytes,
         "backend-tests": r.backend_tests,
         "compat": r.compat,
     }

@@ -100,6 +100,23 @@ def _optimizer_8bit(call: Call, name: str) -> list[torch.Tensor]:
     return [t for t in (s1, a1, s2, a2) if t is not None]
 
 
+def _gemm_nested_onehot(call: Call, dt: str) -> list[torch.Tensor]:
+    """gemm_4bit with double-quantized scales and more rows than the fused kernel takes (the dequantize
+    + GEMM path, through the nested-scale expansion). Each row of A has a single 1: every output is one
+    dequantized weight whatever order a GEMM sums in, so the bytes are the format's."""
+    from bitsandbytes._formats import DOUBLE_QUANT_BLOCKSIZE
+
+    n, k = SHAPE
+    packed, absmax = call("quantize_4bit", weights(torch.float32, seed=12), 64, "nf4", torch.uint8)
+    offset = torch.tensor([0.5])  # fixed, not a mean: a float reduction's last bit is the machine's
+    code = dynamic_code()
+    absmax_8bit, absmax2 = call("quantize_blockwise", absmax - offset, code, DOUBLE_QUANT_BLOCKSIZE)
+    a = torch.zeros(32, k)
+    a[torch.arange(32), (torch.arange(32) * 5) % k] = 1
+    out = call("gemm_4bit", a.to(DTYPES[dt]), packed, [n, k], absmax2, 64, "nf4", None, absmax_8bit, code, offset)
+    return [absmax_8bit, absmax2, out]
+
+
 def cases() -> dict[str, Callable[[Call], list[torch.Tensor]]]:
     out: dict[str, Callable[[Call], list[torch.Tensor]]] = {}
     for qt in ("nf4", "fp4"):
@@ -113,6 +130,8 @@ def cases() -> dict[str, Callable[[Call], list[torch.Tensor]]]:
         for thr in (0.0, 3.0):
             out[f"int8-rows-{dt}-thr{thr:g}"] = lambda c, dt=dt, thr=thr: _int8_rows(c, dt, thr)
     out["int8-matmul"] = _int8_matmul
+    for dt in DTYPES:
+        out[f"gemm4-nested-onehot-{dt}"] = lambda c, dt=dt: _gemm_nested_onehot(c, dt)
     for name in ("adam", "momentum", "lion", "ademamix"):
         out[f"optimizer8-{name}"] = lambda c, name=name: _optimizer_8bit(c, name)
     return out
