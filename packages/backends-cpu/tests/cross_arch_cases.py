@@ -87,7 +87,8 @@ def _optimizer_8bit(call: Call, name: str) -> list[torch.Tensor]:
 
     n = 3 * OPTIMIZER_BLOCKSIZE + 45
     two = name in TWO_STATE_OPTIMIZERS
-    code, ucode = dynamic_code(), torch.linspace(0, 1, 256)
+    code = dynamic_code()
+    ucode = (torch.arange(256, dtype=torch.float64) / 255).float()  # exact divisions, not linspace's steps
     g, p = hashed(n, 6).float() * 0.1, hashed(n, 7).float()
     blocks = -(n // -OPTIMIZER_BLOCKSIZE)
     ema = 2 if name == "ademamix" else 1  # AdEMAMix stacks its two first-moment EMAs in state1
@@ -117,6 +118,15 @@ def _gemm_nested_onehot(call: Call, dt: str) -> list[torch.Tensor]:
     return [absmax_8bit, absmax2, out]
 
 
+def _maps(call: Call) -> list[torch.Tensor]:
+    """The code tables every case above quantizes with: the dynamic maps are built with torch.linspace
+    (upstream's construction), whose float32 steps could in principle differ between machines."""
+    from bitsandbytes import _formats, functional
+
+    maps = [functional.create_dynamic_map(signed=s) for s in (True, False)]
+    return [*maps, *(_formats.code_table(qt, "cpu") for qt in ("nf4", "fp4"))]
+
+
 def cases() -> dict[str, Callable[[Call], list[torch.Tensor]]]:
     out: dict[str, Callable[[Call], list[torch.Tensor]]] = {}
     for qt in ("nf4", "fp4"):
@@ -130,6 +140,7 @@ def cases() -> dict[str, Callable[[Call], list[torch.Tensor]]]:
         for thr in (0.0, 3.0):
             out[f"int8-rows-{dt}-thr{thr:g}"] = lambda c, dt=dt, thr=thr: _int8_rows(c, dt, thr)
     out["int8-matmul"] = _int8_matmul
+    out["maps"] = _maps
     for dt in DTYPES:
         out[f"gemm4-nested-onehot-{dt}"] = lambda c, dt=dt: _gemm_nested_onehot(c, dt)
     for name in ("adam", "momentum", "lion", "ademamix"):

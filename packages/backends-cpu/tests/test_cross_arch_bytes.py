@@ -1,7 +1,8 @@
 """The bytes the formats define are x86's on every architecture and ISA level.
 
-data/cross_arch_digests.json holds, per case of cross_arch_cases.py (4-bit and 8-bit blockwise quantize
-and dequantize, LLM.int8() row quantization and the int8 GEMM, one 8-bit optimizer step's state), the
+data/cross_arch_digests.json holds, per case of cross_arch_cases.py (the code tables, 4-bit and 8-bit
+blockwise quantize and dequantize, LLM.int8() row quantization and the int8 GEMM, one 8-bit optimizer
+step's state, gemm_4bit's dequantize + GEMM path with nested scales on one-hot rows), the
 sha256 of the outputs an x86-64 machine's native kernels gave. Here the reference kernels must give the
 same bytes (so the file is the format's bytes), and so must this machine's native kernels at each level it
 runs: on arm64 (qemu in `nox -s tests-arm64`, GitHub's arm64 runners) every NEON level, on x86 avx2/avx512.
