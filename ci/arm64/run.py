@@ -53,6 +53,7 @@ class Runner:
         self.jobs = jobs
         self.times: dict[str, float] = {}
         self.failed: list[str] = []
+        self._levels: list[str] | None = None  # asked once, after the build
 
     def run(self, argv, **kwargs) -> int:
         return arm64.run_in_root(self.cache, list(argv), venv=self.venv, check=False, **kwargs)
@@ -114,6 +115,11 @@ class Runner:
         return not missing
 
     def levels(self) -> list[str]:
+        if self._levels is None:
+            self._levels = self._read_levels()
+        return self._levels
+
+    def _read_levels(self) -> list[str]:
         out = arm64.REPO / "build" / "arm64" / "levels.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         code = "import bitsandbytes_cpu as c, sys; open(sys.argv[1], 'w').write(' '.join(c.supported_isas()))"
