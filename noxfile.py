@@ -178,10 +178,12 @@ def _cpu_isas(session: nox.Session) -> list[str]:
 @nox.session(name="tests-arm64", venv_backend="none")
 def tests_arm64(session: nox.Session) -> None:
     """The CPU backend on emulated arm64 (Linux x86-64 host, root): qemu-user through binfmt_misc, a Debian
-    bookworm arm64 root made with debootstrap, torch 2.9.1 (PyPI's aarch64 CPU build), the backend compiled
-    natively in the root; then the ISA detection under several emulated CPUs, the conformance suite at every
-    arm64 level, the backend's tests and the upstream compatibility fixtures (ci/arm64/run.py; posargs name
-    steps, e.g. `-- build conformance-best`). Cached under $BNB_ARM64_CACHE (default .nox/arm64-cache)."""
+    bookworm arm64 root made with debootstrap, torch 2.9.1 (PyPI's aarch64 CPU build), the backend's wheel
+    cross-compiled on the host with g++-aarch64-linux-gnu (natively in the root, an hour, only without it);
+    then the ISA detection under several emulated CPUs, the conformance suite at every arm64 level, x86's
+    bytes at every level with a count of the kernels each ran, the upstream compatibility fixtures and the
+    backend's tests (ci/arm64/run.py; posargs name steps, e.g. `-- build conformance-best`). Cached under
+    $BNB_ARM64_CACHE (default .nox/arm64-cache)."""
     session.run(sys.executable, "ci/arm64/run.py", *session.posargs, external=True)
 
 

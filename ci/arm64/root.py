@@ -21,6 +21,7 @@ it, so runs from several checkouts can share one root at once. Needs root (chroo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import shutil
@@ -38,6 +39,8 @@ HOST_PACKAGES = {
     "qemu-aarch64-static": "qemu-user-static",
     "update-binfmts": "binfmt-support",
     "debootstrap": "debootstrap",
+    # The cross compiler of the aarch64 wheel (ci/arm64/cross.py); without it run.py builds in the root.
+    "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
 }
 DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -63,6 +66,8 @@ def ensure_host_tools() -> None:
     missing = sorted({pkg for tool, pkg in HOST_PACKAGES.items() if shutil.which(tool) is None})
     if not Path(DEBIAN_KEYRING).exists():  # an Ubuntu host (GitHub's runners) verifies Debian's release with it
         missing.append("debian-archive-keyring")
+    if importlib.util.find_spec("ensurepip") is None:  # Debian's python3 makes venvs (the host build's) with it
+        missing.append("python3-venv")
     if missing:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         sh("apt-get", "update", "-q", env=env)
@@ -186,7 +191,8 @@ def ensure_venv(cache: Path, name: str) -> str:
     venv = f"/opt/venv-{name}"
     host = cache / "root" / venv.lstrip("/")
     if not (host / "bin" / "python").exists():
-        run_in_root(cache, ["python3", "-m", "venv", venv], cwd="/")
+        # No pip of its own (ensurepip takes minutes under qemu): base's, seen through the .pth, installs here.
+        run_in_root(cache, ["python3", "-m", "venv", "--without-pip", venv], cwd="/")
     site = next((host / "lib").glob("python3*/site-packages"))
     base_site = next((cache / "root" / BASE.lstrip("/") / "lib").glob("python3*/site-packages"))
     (site / "_bnb_base.pth").write_text(f"/{base_site.relative_to(cache / 'root')}\n")

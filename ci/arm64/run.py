@@ -3,15 +3,21 @@
 Steps, in order (name some to run only those: `nox -s tests-arm64 -- build conformance-best`):
 
     setup             host packages, binfmt, the Debian arm64 root, the base venv (cached: skipped next time)
-    build             the core and the CPU backend, compiled natively in the root (under qemu-user)
+    build             the core's and the CPU backend's wheels, cross-compiled on the host (ci/arm64/cross.py;
+                      natively in the root under qemu-user, an hour, only where the cross build cannot
+                      run), installed into the root's venv
     detect            the ISA level detected under several emulated CPUs (QEMU_CPU) and natively-read features
     conformance       `python -m bitsandbytes.testing --device cpu -q` at every arm64 level (QEMU_CPU=max)
     conformance-best  the same at the best level only (the short selection)
-    backend-tests     packages/backends-cpu/tests
+    bytes             packages/backends-cpu/tests/test_cross_arch_bytes.py: x86's bytes at every level; then
+                      every kernel must have run at every level (conformance and this step together)
     compat            the upstream compatibility fixtures (packages/core/tests/test_compat_*.py)
+    backend-tests     packages/backends-cpu/tests (less the host-side qemu driver test); the longest, last
 
-Every step runs even when an earlier test step failed; the exit status says whether all passed. The wall
-time of each step goes to build/arm64/times.json and the log.
+The test steps count the calls into each of the backend's kernels per ISA level (kernel_coverage.py) and
+print them. Every step runs even when an earlier test step failed; the exit status says whether all
+passed. The wall time of each step goes to build/arm64/times.json and the log, the kernel counts to
+build/arm64/coverage-*.json.
 """
 
 from __future__ import annotations
@@ -24,14 +30,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cross  # this folder's cross.py
 import root as arm64  # this folder's root.py, not an installed module
 
-STEPS = ("setup", "build", "detect", "conformance", "backend-tests", "compat")
+STEPS = ("setup", "build", "detect", "conformance", "bytes", "compat", "backend-tests")
 OPTIONAL = ("conformance-best",)
 STRICT = {"BNB_STRICT_BACKENDS": "1"}
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider")
 COMPAT = ("packages/core/tests/test_compat_upstream.py", "packages/core/tests/test_compat_checkpoints.py")
-TIMES = arm64.REPO / "build" / "arm64" / "times.json"
+OUT = arm64.REPO / "build" / "arm64"
+TIMES = OUT / "times.json"
+# The qemu driver test cross-compiles and runs qemu itself: a host-side test (nox -s tests-neon).
+HOST_ONLY = ("packages/backends-cpu/tests/test_neon_native.py",)
+COVERAGE = ("-p", "kernel_coverage")
 
 
 class Runner:
@@ -42,6 +53,7 @@ class Runner:
         self.jobs = jobs
         self.times: dict[str, float] = {}
         self.failed: list[str] = []
+        self._levels: list[str] | None = None  # asked once, after the build
 
     def run(self, argv, **kwargs) -> int:
         return arm64.run_in_root(self.cache, list(argv), venv=self.venv, check=False, **kwargs)
@@ -61,14 +73,53 @@ class Runner:
         return True
 
     def build(self) -> bool:
-        env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(self.jobs)}
-        pip = ("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps")
-        return (
-            self.run([*pip, "--force-reinstall", "./packages/core", "./packages/backends-cpu"], env=env) == 0
-            and self.run(["python", "-m", "bitsandbytes"], env=STRICT) == 0
-        )
+        pip = ("python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall")
+        missing = cross.why_not(self.cache)
+        if missing is None:
+            start = time.monotonic()
+            wheels = cross.build_wheels(self.cache, OUT / "wheels", self.jobs)
+            self.times["build[cross-compile]"] = round(time.monotonic() - start, 1)
+            start = time.monotonic()
+            ok = self.run([*pip, "--no-index", *map(str, wheels)]) == 0
+            self.times["build[install]"] = round(time.monotonic() - start, 1)
+        else:
+            arm64.log(f"NOT cross-compiling ({missing}): building natively in the root under qemu (about an hour)")
+            env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(self.jobs)}
+            ok = self.run([*pip, "./packages/core", "./packages/backends-cpu"], env=env) == 0
+        return ok and self.run(["python", "-m", "bitsandbytes"], env=STRICT) == 0
+
+    def coverage_env(self, tag: str) -> dict[str, str]:
+        """The kernel_coverage plugin on the path, its counts to OUT/coverage-<tag>.json."""
+        path = OUT / f"coverage-{tag}.json"
+        path.unlink(missing_ok=True)
+        return {"PYTHONPATH": str(Path(__file__).resolve().parent), "BNB_KERNEL_COVERAGE": str(path)}
+
+    def covered(self, tags: list[str], level: str) -> bool:
+        """Whether every kernel ran at `level` in the runs that wrote coverage-<tag>.json (those present)."""
+        kernels: list[str] = []
+        calls: dict[str, int] = {}
+        for tag in tags:
+            path = OUT / f"coverage-{tag}.json"
+            if path.exists():
+                data = json.loads(path.read_text())
+                kernels = data["kernels"]
+                for k, n in data["calls"].get(level, {}).items():
+                    calls[k] = calls.get(k, 0) + n
+        if not kernels:
+            arm64.log(f"no kernel counts from {', '.join(tags)}")
+            return False
+        missing = [k for k in kernels if not calls.get(k)]
+        arm64.log(f"kernels run at {level} ({' + '.join(tags)}): {len(kernels) - len(missing)} of {len(kernels)}"
+                  f"{'; never run: ' + ', '.join(missing) if missing else ''}")  # fmt: skip
+        arm64.log("  " + ", ".join(f"{k} {calls.get(k, 0)}" for k in kernels))
+        return not missing
 
     def levels(self) -> list[str]:
+        if self._levels is None:
+            self._levels = self._read_levels()
+        return self._levels
+
+    def _read_levels(self) -> list[str]:
         out = arm64.REPO / "build" / "arm64" / "levels.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         code = "import bitsandbytes_cpu as c, sys; open(sys.argv[1], 'w').write(' '.join(c.supported_isas()))"
@@ -88,13 +139,28 @@ class Runner:
         for level in levels[-1:] if best_only else levels:
             arm64.log(f"conformance at BNB_CPU_ISA={level}")
             start = time.monotonic()
-            argv = ["python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q"]
-            ok &= self.run(argv, env={**STRICT, "BNB_CPU_ISA": level}) == 0
+            argv = ["python", "-m", "bitsandbytes.testing", "--device", "cpu", "-q", *COVERAGE]
+            env = {**STRICT, "BNB_CPU_ISA": level, **self.coverage_env(f"conformance-{level}")}
+            ok &= self.run(argv, env=env) == 0
+            self.covered([f"conformance-{level}"], level)  # informative; `bytes` checks every kernel ran
             self.times[f"conformance[{level}]"] = round(time.monotonic() - start, 1)
         return ok
 
     def backend_tests(self) -> bool:
-        return self.run([*PYTEST, "packages/backends-cpu/tests"], env=STRICT) == 0
+        ignore = [f"--ignore={p}" for p in HOST_ONLY]
+        env = {**STRICT, **self.coverage_env("backend-tests")}
+        ok = self.run([*PYTEST, *COVERAGE, "packages/backends-cpu/tests", *ignore], env=env) == 0
+        for level in self.levels():  # informative: these tests switch levels themselves
+            self.covered(["backend-tests"], level)
+        return ok
+
+    def bytes(self) -> bool:
+        env = {**STRICT, **self.coverage_env("bytes")}
+        ok = self.run([*PYTEST, *COVERAGE, "packages/backends-cpu/tests/test_cross_arch_bytes.py"], env=env) == 0
+        levels = self.levels()
+        for level in levels:
+            ok &= self.covered([f"conformance-{level}", "bytes"], level)
+        return ok and bool(levels)
 
     def compat(self) -> bool:
         return self.run([*PYTEST, *COMPAT], env=STRICT) == 0
@@ -120,6 +186,7 @@ def main() -> int:
         "detect": r.detect,
         "conformance": lambda: r.conformance(best_only=False),
         "conformance-best": lambda: r.conformance(best_only=True),
+        "bytes": r.bytes,
         "backend-tests": r.backend_tests,
         "compat": r.compat,
     }
