@@ -4,8 +4,8 @@
 // they run on the very team torch's ops use:
 //   the thread that finishes torch's op and spins waiting for the next region picks ours up at once,
 //   and no second set of threads competes with torch's spinning ones for the cores. The runtime is
-//   looked up in the process (dlopen with RTLD_NOLOAD), never linked: the wheel carries no OpenMP and
-//   can never load a second copy beside torch's.
+//   looked up in the process (dlopen with RTLD_NOLOAD, by soname or by a loaded object's file name),
+//   never linked: the wheel carries no OpenMP and can never load a second copy beside torch's.
 // - "pool": a small persistent pool of our own, used where no OpenMP runtime is loaded, and always in a
 //   child after fork() (an OpenMP team cannot be used in a forked child: its threads are gone; a known
 //   libgomp limitation, which torch's own ops hit too).
@@ -32,8 +32,14 @@
 #include <pthread.h>
 #include <unistd.h>
 #endif
+#if defined(__linux__)
+#include <link.h>
+#elif defined(__APPLE__)
+#include <mach-o/dyld.h>
+#endif
 
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -128,19 +134,56 @@ std::mutex* g_pool_mu = new std::mutex();
 // with gcc since 4.9 (libgomp's GOMP_4.0 ABI); LLVM's and Intel's runtimes export it too.
 using GompParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
 
+#if !defined(_WIN32)
+// The OpenMP runtimes, by the start of their file names.
+constexpr const char* kOpenMPNames[] = {"libgomp", "libomp", "libiomp5"};
+
+bool is_openmp_file(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  const char* base = slash ? slash + 1 : path;
+  for (const char* name : kOpenMPNames) {
+    const size_t n = std::strlen(name);
+    // "libgomp.so.1", and auditwheel's renamed copies such as "libgomp-a49a47f9.so.1.0.0".
+    if (std::strncmp(base, name, n) == 0 && (base[n] == '.' || base[n] == '-')) return true;
+  }
+  return false;
+}
+
+GompParallel gomp_in(const char* name) {
+  void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);  // RTLD_NOLOAD: only a runtime already loaded, never a new one
+  if (!h) return nullptr;
+  auto fn = reinterpret_cast<GompParallel>(dlsym(h, "GOMP_parallel"));
+  if (!fn) dlclose(h);  // else the handle is kept: the runtime stays loaded as long as torch is
+  return fn;
+}
+#endif
+
 GompParallel find_openmp() {
 #if defined(_WIN32)
   return nullptr;
 #else
-  // Only a runtime already loaded (by torch): RTLD_NOLOAD never loads one.
   for (const char* name : {"libgomp.so.1", "libomp.so", "libiomp5.so", "libomp.dylib", "libiomp5.dylib"}) {
-    void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) continue;
-    auto fn = reinterpret_cast<GompParallel>(dlsym(h, "GOMP_parallel"));
-    if (fn) return fn;  // the handle is kept: the runtime stays loaded as long as torch is
-    dlclose(h);
+    if (GompParallel fn = gomp_in(name)) return fn;
   }
-  return nullptr;
+  // Wheels repaired by auditwheel/delocate carry the runtime under a mangled name and soname (torch's
+  // aarch64 wheel: torch.libs/libgomp-<hash>.so.1.0.0), which no soname above matches: walk the loaded
+  // objects by file name and ask the one found by its full path.
+  std::string found;
+#if defined(__linux__)
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (!info->dlpi_name || !*info->dlpi_name || !is_openmp_file(info->dlpi_name)) return 0;
+        *static_cast<std::string*>(out) = info->dlpi_name;
+        return 1;
+      },
+      &found);
+#elif defined(__APPLE__)
+  for (uint32_t i = 0, n = _dyld_image_count(); i < n && found.empty(); ++i) {
+    const char* path = _dyld_get_image_name(i);
+    if (path && is_openmp_file(path)) found = path;
+  }
+#endif
+  return found.empty() ? nullptr : gomp_in(found.c_str());
 #endif
 }
 

