@@ -246,7 +246,10 @@ def test_linear4bit_training_gradients_come_from_the_dequantized_weight(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_unrounded_weights_are_caught(monkeypatch, dtype):
     """check_correctly_rounded can fail: the same route on the fp32 weights (not rounded to A's dtype)."""
-    M, N, K, blocksize = 40, 100, 256, 64
+    # Above every fused crossover, so the fp32 tiles run even where AVX512-BF16 keeps bf16 A up to
+    # BF16_TILE_MAX_ROWS rows in the native kernel.
+    M = max(mm.BF16_TILE_MAX_ROWS, mm.BF16_FUSED_MAX_ROWS_FP32_TILES, *mm.FUSED_MAX_ROWS.values()) + 8
+    N, K, blocksize = 100, 256, 64
     q, absmax, _, expanded = weight(N, K, blocksize, seed=K + N)
     A = randn((M, K), dtype, seed=N, spread=False)
 
