@@ -1,4 +1,5 @@
-"""Fixtures: ``emulated`` loads the Metal kernels in the emulator for one test and forgets them after."""
+"""Fixtures: ``emulated`` loads the Metal kernels in the emulator for one test and forgets them after;
+``dispatched`` records the kernels the ops dispatch."""
 
 from __future__ import annotations
 
@@ -16,3 +17,17 @@ def emulated():
     yield library.load()
     library.use_emulator(old)
     library.reset()
+
+
+@pytest.fixture
+def dispatched(monkeypatch) -> list[str]:
+    """The kernels the ops dispatch, in order."""
+    names: list[str] = []
+    real = library.dispatch
+
+    def recording(name, *args, **kwargs):
+        names.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(library, "dispatch", recording)
+    return names

@@ -15,8 +15,7 @@ import torch
 import bitsandbytes_emu as emu
 from bitsandbytes_emu.errors import EmulationError
 from bitsandbytes_mps import library, ops
-from bitsandbytes_mps.ops import _common
-from bitsandbytes_mps.ops import quant as quant_ops
+from bitsandbytes_mps.ops import _common, _quantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "packages" / "core" / "tests" / "reliability"))
 import bad_input_cases as cases
@@ -59,9 +58,9 @@ def _glue(name, fn, expect):
 
 
 GLUE = [
-    _glue("quantize, blocksize 32", lambda: quant_ops.quantize_geometry(_HUGE, 32), _GROUP_OK),
-    _glue("quantize, blocksize 4096", lambda: quant_ops.quantize_geometry(_HUGE, 4096), _GROUP_OK),
-    _glue("dequantize", lambda: quant_ops.dequantize_geometry(_HUGE), _GROUP_OK),
+    _glue("quantize, blocksize 32", lambda: _quantize.quantize_geometry(_HUGE, 32), _GROUP_OK),
+    _glue("quantize, blocksize 4096", lambda: _quantize.quantize_geometry(_HUGE, 4096), _GROUP_OK),
+    _glue("dequantize", lambda: _quantize.dequantize_geometry(_HUGE), _GROUP_OK),
     _glue(
         "2**32 threads: reference",
         lambda: _common.native("dequantize_4bit_nf4_f32", 2**32),

@@ -250,7 +250,8 @@ def test_wheel_builds_with_or_without_the_metal_compiler(tmp_path, monkeypatch, 
     with zipfile.ZipFile(tmp_path / "dist" / name) as wheel:
         files = wheel.namelist()
     assert sorted(Path(f).name for f in files if "metallib" in f) == expected
-    assert "bitsandbytes_mps/metal/quant.metal" in files  # the sources, whatever happened to the metallib
+    # the sources and the headers they include, whatever happened to the metallib
+    assert {"bitsandbytes_mps/metal/blockwise.metal", "bitsandbytes_mps/metal/quantize.h"} <= set(files)
 
 
 def test_published_macos_wheel_requires_the_metallib():
@@ -339,8 +340,8 @@ def run_compile_metal(tmp_path, *args, answers=None, link_rc=0, env=None):
 @_no_posix
 @pytest.mark.parametrize(("std", "macos"), [("metal3.1", "14.0"), ("metal3.2", "15.0"), ("metal4.0", "26.0")])
 def test_ci_compile_runs_every_source_at_the_language_version(tmp_path, std, macos):
-    warning = "quant.metal:10:5: warning: unused variable 'x' [-Wunused-variable]"
-    result, log, out = run_compile_metal(tmp_path, "--std", std, answers={"quant.metal": (0, warning)})
+    warning = "blockwise.metal:10:5: warning: unused variable 'x' [-Wunused-variable]"
+    result, log, out = run_compile_metal(tmp_path, "--std", std, answers={"blockwise.metal": (0, warning)})
     assert result.returncode == 0, result.stdout + result.stderr
     names = _assemble.sources()
     flags = ["-std=" + std, "-mmacosx-version-min=" + macos, "-fno-fast-math", "-Wall"]
@@ -358,7 +359,7 @@ def test_ci_compile_runs_every_source_at_the_language_version(tmp_path, std, mac
     for n in names:  # what it compiled is what compile_shader gets
         assert (out / n).read_text() == _assemble.assemble(n)
     assert warning in result.stdout  # shown, not hidden
-    assert "quant.metal: ok (1 warnings)" in result.stdout
+    assert "blockwise.metal: ok (1 warnings)" in result.stdout
     assert "link: ok" in result.stdout
 
 
@@ -370,7 +371,7 @@ def test_ci_compile_fails_on_a_compile_error_and_names_the_source(tmp_path):
     assert result.returncode == 1
     assert error in result.stdout
     assert "int8.metal: FAILED (exit 1, 1 errors, 0 warnings)" in result.stdout
-    assert "quant.metal: ok (0 warnings)" in result.stdout  # every source is still tried
+    assert "blockwise.metal: ok (0 warnings)" in result.stdout  # every source is still tried
     assert "link: not tried" in result.stdout
     assert not any(c[2] == "metallib" for c in log)
 
@@ -386,10 +387,10 @@ def test_ci_compile_fails_when_the_link_fails(tmp_path):
 @needs_ci_script
 @_no_posix
 def test_ci_compile_annotates_diagnostics_on_the_repository_files(tmp_path):
-    answers = {"quant.metal": (0, "quant.metal:10:5: warning: unused variable 'x'")}
+    answers = {"blockwise.metal": (0, "blockwise.metal:10:5: warning: unused variable 'x'")}
     result, _, _ = run_compile_metal(tmp_path, "--std", "metal3.1", answers=answers, env={"GITHUB_ACTIONS": "true"})
     assert result.returncode == 0
-    path = "packages/backends-mps/src/bitsandbytes_mps/metal/quant.metal"
+    path = "packages/backends-mps/src/bitsandbytes_mps/metal/blockwise.metal"
     assert f"::warning file={path},line=10,col=5::unused variable 'x'" in result.stdout
 
 

@@ -12,8 +12,8 @@
   absmax is subnormal gets the reference's codes and absmax bytes (quantizers, int8 rows, the 8-bit
   optimizers' requantization), and no NaN.
 
-Comparisons are as strict as in test_quant.py / test_int8.py / test_optimizers.py: bytes for codes and
-absmax, exact dequantized values, the matmul bound for gemv, p within 1e-5 for the optimizers.
+Comparisons are as strict as in test_blockwise.py / test_fourbit.py / test_int8.py / test_optimizers.py: bytes
+for codes and absmax, exact dequantized values, the matmul bound for gemv, p within 1e-5 for the optimizers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE
 from bitsandbytes._reference import REFERENCE
 from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
 from bitsandbytes_mps import _assemble, library
-from bitsandbytes_mps.ops import int8, optimizers, quant
+from bitsandbytes_mps.ops import blockwise as blockwise_ops
+from bitsandbytes_mps.ops import fourbit as fourbit_ops
+from bitsandbytes_mps.ops import int8, matmul_4bit, optimizers
 from bitsandbytes_mps.testing.subnormals import assert_subnormal_contract, subnormal_blocks
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,7 +107,7 @@ def fourbit(A, blocksize, quant_type, ops):
     return [packed, absmax, ops["dequantize_4bit"](packed, absmax, blocksize, quant_type, list(A.shape), A.dtype)]
 
 
-OURS = {**quant.OPS, **int8.OPS, **optimizers.OPS}
+OURS = {**blockwise_ops.OPS, **fourbit_ops.OPS, **matmul_4bit.OPS, **int8.OPS, **optimizers.OPS}
 
 
 def run_8bit_optimizer(ops, name, g, n, seed):
@@ -160,19 +162,19 @@ def test_assembled_sources_pass_the_address_space_check(source):
 
 
 def test_the_address_space_check_sees_into_the_real_kernels():
-    """One helper of quant.metal given the wrong space fails at its call, inside a template instance."""
+    """One helper of blockwise.metal given the wrong space fails at its call, inside a template instance."""
     from bitsandbytes_emu.address_spaces import skip_unless_clang
 
     skip_unless_clang()
-    text = _assemble.assemble("quant.metal", emulated=True)
+    text = _assemble.assemble("blockwise.metal", emulated=True)
     bad, n = re.subn(
         r"inline uint slot256\(threadgroup const float\* mids", "inline uint slot256(device const float* mids", text
     )
-    assert n == 1, "quant.metal's slot256 signature moved: update this test"
+    assert n == 1, "blockwise.metal's slot256 signature moved: update this test"
     with pytest.raises(
-        emu.MetalAddressSpaceError, match=r"quant\.metal:\d+:\d+: error: no matching function for call to 'slot256'"
+        emu.MetalAddressSpaceError, match=r"blockwise\.metal:\d+:\d+: error: no matching function for call to 'slot256'"
     ):
-        emu.check_metal_address_spaces(bad, "quant.metal")
+        emu.check_metal_address_spaces(bad, "blockwise.metal")
 
 
 # --------------------------------------------------------------------- edge threadgroup size, both readings
@@ -187,7 +189,7 @@ def test_dequantize_blockwise_on_sizes_no_threadgroup_divides(emulator, code, ed
     for blocksize in (64, 4096):
         A = randn((n,), dtype, seed=n + blocksize)
         rq, rabsmax = REFERENCE["quantize_blockwise"](A, code, blocksize)
-        got = quant.dequantize_blockwise(rq, rabsmax, code, blocksize, dtype)
+        got = blockwise_ops.dequantize_blockwise(rq, rabsmax, code, blocksize, dtype)
         want = REFERENCE["dequantize_blockwise"](rq, rabsmax, code, blocksize, dtype)
         bits_equal(got, want, f"dequantize_blockwise n={n} blocksize={blocksize} edge={edge}")
 
@@ -230,7 +232,7 @@ def test_gemv_on_odd_shapes(emulator, edge, a_shape, N):
     for dtype in DTYPES:
         A = randn(a_shape, dtype, seed=N)
         args = (A, packed, [N, K], absmax, code4, 64)
-        out, ref = quant.gemv_4bit(*args), REFERENCE["gemv_4bit"](*args)
+        out, ref = matmul_4bit.gemv_4bit(*args), REFERENCE["gemv_4bit"](*args)
         diff = (out.double() - ref.double()).abs()
         assert (diff <= matmul_tolerance(A.reshape(-1, K), W64, ref.reshape(-1, N)).reshape(diff.shape)).all(), (
             f"gemv {dtype} {a_shape} N={N} edge={edge}: worst {diff.max().item()}"

@@ -153,7 +153,7 @@ def test_one_report_collects_tests_then_bench(tmp_path, monkeypatch):
     text = out.read_text()
     assert "| chip | not a Mac (" in text and "| PYTORCH_MPS_FAST_MATH | unset |" in text
     assert "| kernels loaded from | reference |" in text  # the backend's real diagnostics, off a Mac
-    assert "why not quant.metal" in text and "bitsandbytes 1.0.0 (faked)" in text
+    assert "why not blockwise.metal" in text and "bitsandbytes 1.0.0 (faked)" in text
     assert "| backend tests | 1 | 1 | 1 | 0 | 0 | 1.5 |" in text  # the tests section survived the bench call
     node = "tests/mac/test_on_mps.py::test_backend_loaded_natively"
     assert f"- `{node}` (failure): AssertionError: kernels loaded from reference" in text

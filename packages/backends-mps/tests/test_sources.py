@@ -25,18 +25,19 @@ import torch
 from bitsandbytes import _checks, _formats, functional
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE
 from bitsandbytes_mps import _assemble, library, tables
-from bitsandbytes_mps.ops import _common, int8, optimizers, quant
+from bitsandbytes_mps.ops import _common, _quantize, blockwise, fourbit, int8, matmul_4bit, optimizers
+from bitsandbytes_mps.tables import _quantize as quantize_table
 from bitsandbytes_mps.tables import int8 as int8_table
+from bitsandbytes_mps.tables import matmul_4bit as matmul_4bit_table
 from bitsandbytes_mps.tables import optimizers as optimizers_table
-from bitsandbytes_mps.tables import quant as quant_table
 
 SOURCES = sorted(tables.by_source())
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def _code(source: str) -> str:
-    """A source without its comments (what the rules are about is code, not prose)."""
-    return _COMMENT.sub(" ", _assemble.source_path(source).read_text())
+    """A source with the headers it includes, without comments (what the rules are about is code, not prose)."""
+    return _COMMENT.sub(" ", _assemble.expand(source))
 
 
 # ------------------------------------------------------------------------------------------- fast math
@@ -154,7 +155,7 @@ def _gemv_k_loops(code: str) -> str:
 
 
 def test_gemv_loops_over_k_multiply_nothing_by_k():
-    loops = _gemv_k_loops(_code(quant_table.SOURCE))
+    loops = _gemv_k_loops(_code(matmul_4bit_table.SOURCE))
     assert loops.count("for (long k") == 3  # the word, byte-pair and single-value paths
     assert re.findall(r"\*\s*K\b|\bK\s*\*", loops) == [], "a 64-bit product per step; hoist it out of the loop"
 
@@ -244,13 +245,13 @@ def _run_every_op() -> None:
     for blocksize in _checks.BLOCKSIZES:
         for n in (1, 5000, 2 * blocksize + 3):
             A = torch.randn(n, dtype=torch.float16)
-            q, absmax = quant.quantize_blockwise(A, code, blocksize)
-            quant.dequantize_blockwise(q, absmax, code, blocksize, torch.float16)
-            packed, absmax4 = quant.quantize_4bit(A, blocksize, "nf4", torch.uint8)
-            quant.dequantize_4bit(packed, absmax4, blocksize, "nf4", [n], torch.float16)
+            q, absmax = blockwise.quantize_blockwise(A, code, blocksize)
+            blockwise.dequantize_blockwise(q, absmax, code, blocksize, torch.float16)
+            packed, absmax4 = fourbit.quantize_4bit(A, blocksize, "nf4", torch.uint8)
+            fourbit.dequantize_4bit(packed, absmax4, blocksize, "nf4", [n], torch.float16)
     W = torch.randn(9, 40)
-    packed, absmax = quant.quantize_4bit(W, 64, "fp4", torch.uint8)
-    quant.gemv_4bit(torch.randn(6, 40), packed, [9, 40], absmax, _formats.code_table("fp4").float(), 64)
+    packed, absmax = fourbit.quantize_4bit(W, 64, "fp4", torch.uint8)
+    matmul_4bit.gemv_4bit(torch.randn(6, 40), packed, [9, 40], absmax, _formats.code_table("fp4").float(), 64)
     for shape in ((3, 5), (700, 5), (3, 300), (2, 1000)):
         A = torch.randn(shape)
         codes, stats, _ = int8.int8_vectorwise_quant(A, 1.5)
@@ -290,19 +291,20 @@ def test_geometry_functions_over_their_whole_range():
     for dtype in ("f32", "f16", "bf16"):
         for blocksize in _checks.BLOCKSIZES:
             for n in sizes:
-                threads, size = quant.quantize_geometry(n, blocksize)
+                threads, size = _quantize.quantize_geometry(n, blocksize)
                 for kernel in (f"quantize_blockwise_{dtype}", f"quantize_4bit_nf4_{dtype}"):
                     check_launch(kernel, threads, size, needs)
         for n in sizes:
-            threads, size = quant.dequantize_geometry(n)
-            assert threads * quant_table.DEQUANT_ITEMS >= n
+            threads, size = _quantize.dequantize_geometry(n)
+            assert threads * quantize_table.DEQUANT_ITEMS >= n
             for kernel in (f"dequantize_blockwise_{dtype}", f"dequantize_4bit_fp4_{dtype}"):
                 check_launch(kernel, threads, size, needs)
-            check_launch(f"gemv_4bit_{dtype}", (quant._gemv_threads(n), 3), (quant_table.GEMV_THREADS, 1), needs)
+            gemv_group = (matmul_4bit_table.GEMV_THREADS, 1)
+            check_launch(f"gemv_4bit_{dtype}", (matmul_4bit._gemv_threads(n), 3), gemv_group, needs)
             check_launch(f"int8_row_quant_{dtype}", 7 * int8._row_group(n), int8._row_group(n), needs)
             check_launch(f"int8_outlier_cols_{dtype}", *_common.elementwise(n), needs)
             check_launch(f"optimizer_32bit_{dtype}", n, min(n, optimizers_table.THREADS), needs)
             for rows in (1, 3, 1000):
                 check_launch(f"int8_mm_dequant_{dtype}", *int8.dequant_geometry(rows, n), needs)
-    assert quant_table.QUANT_MAX_BLOCKSIZE == max(_checks.BLOCKSIZES)
+    assert quantize_table.QUANT_MAX_BLOCKSIZE == max(_checks.BLOCKSIZES)
     assert int8_table.THREADS == _common.GROUP

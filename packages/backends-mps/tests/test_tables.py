@@ -1,14 +1,20 @@
 """The kernel tables against the Metal sources: names, argument names, types, binding order and each
-kernel's declared thread limit agree."""
+kernel's declared thread limit agree; the generated regions of the sources are current, and the format
+constants they hold are bit for bit those of bitsandbytes._formats; the assembly pastes in the headers."""
 
 from __future__ import annotations
 
 import re
+import struct
 
 import pytest
+import torch
 
+from bitsandbytes import _formats
+from bitsandbytes._reference import REFERENCE
+from bitsandbytes.testing.cases import QUANT_TYPES
 from bitsandbytes_mps import _assemble, tables
-from bitsandbytes_mps.tables import Kernel, Param, canonical_type, parse_kernels
+from bitsandbytes_mps.tables import Kernel, Param, _generate, canonical_type, parse_kernels
 
 
 def test_every_table_kernel_matches_its_source_signature():
@@ -166,15 +172,88 @@ def test_get_suggests_close_names():
         tables.get("int8_row_quant_f61")
 
 
-def test_assembly_is_prelude_then_source():
+def test_assembly_is_prelude_then_source_with_its_headers():
     for source in tables.by_source():
         text = _assemble.assemble(source)
         assert text.startswith(_assemble.PRELUDE)
-        assert text.endswith(_assemble.source_path(source).read_text())
+        assert text.endswith(_assemble.expand(source))
         assert _assemble.assemble(source, emulated=True).startswith(_assemble.EMULATOR_DEFINES)
+        assert not re.search(r'^#include "', text, re.M)  # compile_shader has no include path
+    header = _assemble.source_path("quantize.h").read_text()
+    for source in ("blockwise.metal", "fourbit.metal"):
+        assert f'#line 1 "quantize.h"\n{header}' in _assemble.assemble(source)
+
+
+def test_a_header_is_pasted_once_and_lines_stay_the_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(_assemble, "METAL_DIR", tmp_path)
+    (tmp_path / "a.h").write_text('int a;\n#include "b.h"\n')
+    (tmp_path / "b.h").write_text("int b;\n")
+    text = '#include <metal_stdlib>\n#include "a.h"\nint x;\n#include "b.h"\nint y;\n'
+    assert _assemble.expand("k.metal", text) == (
+        '#include <metal_stdlib>\n#line 1 "a.h"\nint a;\n#line 1 "b.h"\nint b;\n#line 3 "a.h"\n'
+        '#line 3 "k.metal"\nint x;\n#line 5 "k.metal"\nint y;\n'
+    )
+    with pytest.raises(FileNotFoundError, match=r"missing\.h"):
+        _assemble.expand("k.metal", '#include "missing.h"\n')
 
 
 def test_assembly_script_writes_the_sources(tmp_path):
     assert _assemble.main(["--out", str(tmp_path)]) == 0
     for source in tables.by_source():
         assert (tmp_path / source).read_text() == _assemble.assemble(source)
+
+
+# ------------------------------------------------------------------------------------ generated regions
+
+
+@pytest.mark.parametrize("source", sorted(tables.by_source()))
+def test_generated_regions_are_current(source):
+    """`python -m bitsandbytes_mps.tables._generate` would change nothing: instances and constants are fresh."""
+    text = _assemble.source_path(source).read_text()
+    assert _generate.render_source(source, text) == text
+
+
+def test_no_format_constant_is_written_by_hand():
+    """Every format constant a source uses sits in its generated region, none outside it."""
+    names = list(_generate.format_constants())
+    for source in tables.by_source():
+        text = _assemble.source_path(source).read_text()
+        regions = _generate.generated_regions(text)
+        outside = _generate._region("constants").sub("", text)
+        for name in names:
+            defined = re.search(rf"(#define|constant \w+) {name}\b", outside)
+            assert defined is None, f"{source} defines {name} by hand"
+        assert ("constants" in regions) == any(re.search(rf"\b{n}\b", _assemble.expand(source)) for n in names)
+
+
+def _f32_bits(literal: str) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(literal.rstrip("fu"))))[0]
+
+
+def _array(line: str) -> list[str]:
+    return [v.strip() for v in line[line.index("{") + 1 : line.index("}")].split(",")]
+
+
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_format_constants_are_the_formats(quant_type):
+    """The generated constants, read back from their text, are bit for bit those of bitsandbytes._formats
+    (and so of the core's formats.h)."""
+    rendered, up = _generate.format_constants(), quant_type.upper()
+    table_values = _formats.code_table(quant_type).float()
+    want = [struct.unpack("<I", struct.pack("<f", v))[0] for v in table_values.tolist()]
+    assert [_f32_bits(v) for v in _array(rendered[f"{up}_TABLE"])] == want
+    by_value, order = torch.sort(table_values, stable=True)
+    mids = ((by_value[:-1] + by_value[1:]) / 2).tolist()
+    assert [_f32_bits(v) for v in _array(rendered[f"{up}_MIDPOINTS"])] == [
+        struct.unpack("<I", struct.pack("<f", m))[0] for m in mids
+    ]
+    assert [int(v) for v in _array(rendered[f"{up}_ORDER"])] == order.tolist()
+    pad_code = REFERENCE["quantize_4bit"](torch.ones(1), 32, quant_type, torch.uint8)[0].item() & 0xF
+    assert rendered[f"{up}_PAD_CODE"] == f"#define {up}_PAD_CODE {pad_code}u"
+    first = int(_formats.FIRST_VALUE_IN_HIGH_NIBBLE)
+    assert rendered["BNB_FIRST_VALUE_IN_HIGH_NIBBLE"] == f"#define BNB_FIRST_VALUE_IN_HIGH_NIBBLE {first}"
+    min_scale = torch.tensor(_formats.MIN_SCALE, dtype=torch.float32).view(torch.int32).item()
+    assert _f32_bits(rendered["BNB_MIN_SCALE"].split()[-1]) == min_scale
+    assert int(rendered["BNB_MIN_SCALE_BITS"].split()[-1].rstrip("u"), 16) == min_scale
+    blocksize = _formats.OPTIMIZER_BLOCKSIZE
+    assert rendered["BNB_OPTIMIZER_BLOCKSIZE"] == f"#define BNB_OPTIMIZER_BLOCKSIZE {blocksize}"

@@ -1,9 +1,10 @@
-"""The Metal source of each kernel family as the compilers see it: the prelude, then ``metal/<source>``.
+"""The Metal source of each kernel family as the compilers see it: the prelude, then ``metal/<source>``
+with the headers of ``metal/`` it includes (``#include "quantize.h"``) pasted in.
 
-Both loaders compile exactly this text: ``torch.mps.compile_shader`` at run time (and the emulator in the
-tests), and the CMake build on macOS (``python _assemble.py --out DIR`` writes one ``.metal`` per source,
-which ``xcrun metal`` turns into ``bitsandbytes.metallib``). Only the sources the tables name are
-assembled. Imports neither torch nor bitsandbytes.
+Both loaders compile exactly this text: ``torch.mps.compile_shader`` at run time, which takes one text
+and no include path (and the emulator in the tests), and the CMake build on macOS (``python _assemble.py
+--out DIR`` writes one ``.metal`` per source, which ``xcrun metal`` turns into ``bitsandbytes.metallib``).
+Only the sources the tables name are assembled. Imports neither torch nor bitsandbytes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -73,16 +75,51 @@ def check_ascii(text: str, where: str) -> None:
         )
 
 
-def assemble(source: str, *, emulated: bool = False) -> str:
-    """The compilable text of ``metal/<source>``; ``#line`` keeps compiler messages on the file's lines.
-
-    Raises ``ValueError`` if the text is not pure ASCII (``check_ascii``)."""
-    path = source_path(source)
+def _read(name: str) -> str:
+    path = source_path(name)
     try:
         body = path.read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise FileNotFoundError(f"Metal source {str(path)!r} cannot be read: {e.strerror}") from None
     check_ascii(body, str(path))
+    return body
+
+
+# A header of metal/ included by a source: pasted in where it is included.
+_LOCAL_INCLUDE = re.compile(r'^#include "(\w+\.h)"[ \t]*$', re.M)
+
+
+def expand(source: str, text: str | None = None) -> str:
+    """``metal/<source>`` (or ``text`` as that file) with each ``#include "<header>"`` of ``metal/`` replaced
+    by the header, once per source (a second include of it is dropped); ``#line`` keeps compiler messages
+    on each file's own lines.
+
+    Raises ``ValueError`` if a file is not pure ASCII (``check_ascii``)."""
+    pasted: set[str] = set()
+
+    def paste(name: str, body: str) -> str:
+        def one(m: re.Match[str]) -> str:
+            header = m.group(1)
+            after = f'#line {body.count(chr(10), 0, m.end()) + 2} "{name}"'
+            if header in pasted:
+                return after
+            pasted.add(header)
+            return f'#line 1 "{header}"\n{paste(header, _read(header)).rstrip(chr(10))}\n{after}'
+
+        return _LOCAL_INCLUDE.sub(one, body)
+
+    if text is None:
+        text = _read(source)
+    else:
+        check_ascii(text, source)
+    return paste(source, text)
+
+
+def assemble(source: str, *, emulated: bool = False) -> str:
+    """The compilable text of ``metal/<source>``: the prelude, then ``expand(source)``.
+
+    Raises ``ValueError`` if the text is not pure ASCII (``check_ascii``)."""
+    body = expand(source)
     head = (EMULATOR_DEFINES if emulated else "") + PRELUDE
     check_ascii(head, "the prelude (bitsandbytes_mps/_assemble.py)")
     return f'{head}#line 1 "{source}"\n{body}'

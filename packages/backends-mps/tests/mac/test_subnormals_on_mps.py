@@ -11,7 +11,7 @@ import torch
 
 from bitsandbytes import functional
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes_mps.ops import quant
+from bitsandbytes_mps.ops import blockwise, fourbit
 from bitsandbytes_mps.testing.subnormals import assert_subnormal_contract, subnormal_blocks
 
 pytestmark = pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an Apple Silicon GPU (MPS)")
@@ -23,8 +23,8 @@ def _blockwise(code, blocksize, on_mps):
     def run(A):
         c = code.to(A.device)
         if on_mps:
-            q, absmax = quant.quantize_blockwise(A, c, blocksize)
-            return [q, absmax, quant.dequantize_blockwise(q, absmax, c, blocksize, A.dtype)]
+            q, absmax = blockwise.quantize_blockwise(A, c, blocksize)
+            return [q, absmax, blockwise.dequantize_blockwise(q, absmax, c, blocksize, A.dtype)]
         q, absmax = REFERENCE["quantize_blockwise"](A, c, blocksize)
         return [q, absmax, REFERENCE["dequantize_blockwise"](q, absmax, c, blocksize, A.dtype)]
 
@@ -34,8 +34,8 @@ def _blockwise(code, blocksize, on_mps):
 def _fourbit(blocksize, quant_type, on_mps):
     def run(A):
         if on_mps:
-            packed, absmax = quant.quantize_4bit(A, blocksize, quant_type, torch.uint8)
-            deq = quant.dequantize_4bit(packed, absmax, blocksize, quant_type, list(A.shape), A.dtype)
+            packed, absmax = fourbit.quantize_4bit(A, blocksize, quant_type, torch.uint8)
+            deq = fourbit.dequantize_4bit(packed, absmax, blocksize, quant_type, list(A.shape), A.dtype)
         else:
             packed, absmax = REFERENCE["quantize_4bit"](A, blocksize, quant_type, torch.uint8)
             deq = REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, list(A.shape), A.dtype)
