@@ -59,7 +59,8 @@ struct BlockScale {
   // x scaled, for an x that does not scale to NaN.
   float operator()(float x) const {
     if (inf_block) return 0.0f;  // +-0: one code
-    if (mantissas) {  // +-mx as a float (exact: below 2**23), the sign set on the bits to keep -0
+    // +-mx as a float (exact: below 2**23), the sign set on the bits to keep -0
+    if (mantissas) {
       const uint b = as_type<uint>(x);
       x = as_type<float>(as_type<uint>(float(b & 0x007fffffu)) | (b & 0x80000000u));
     }
