@@ -24,12 +24,14 @@ constant constexpr int kSkipZeros = 2;
 constant constexpr int kFirstStep = 4;
 constant constexpr int kScaleByUnorm = 8;  // scale the 32-bit update by max_unorm's trust ratio
 
-// bitsandbytes._formats.MIN_SCALE as float32: the smallest absmax a block is scaled by (test_optimizers.py
-// compares the two).
-constant constexpr float kMinScale = 1e-38f;
-constant constexpr uint kMinScaleBits = 0x006ce3eeu;  // its bits (the test checks both)
+// The format constants this file uses (BNB_MIN_SCALE_BITS: the bits of the smallest absmax a block is scaled
+// by; BNB_OPTIMIZER_BLOCKSIZE), from bitsandbytes._formats.
+// BEGIN GENERATED constants (python -m bitsandbytes_mps.tables._generate; do not edit)
+#define BNB_OPTIMIZER_BLOCKSIZE 256
+#define BNB_MIN_SCALE_BITS 0x006ce3eeu
+// END GENERATED constants
 
-constant constexpr uint kBlock = 256;  // threads per threadgroup; also the 8-bit state block
+constant constexpr uint kBlock = BNB_OPTIMIZER_BLOCKSIZE;  // threads per threadgroup; also the 8-bit state block
 constant constexpr uint kSimds = kBlock / 32;
 
 // Indices into `hyper` (each value already rounded to float32 from the host's double).
@@ -303,18 +305,18 @@ inline uint sorted_slot(threadgroup const float* mids, float s) {
 // reference's +-0: the same code).
 inline float scale_to_unit(float x, float absmax, bool full) {
   const uint a = as_type<uint>(absmax);
-  // An all-zero block: the reference's x / MIN_SCALE is x (a signed zero). Said directly, because kMinScale
+  // An all-zero block: the reference's x / MIN_SCALE is x (a signed zero). Said directly, because MIN_SCALE
   // is a float32 subnormal, which a GPU that flushes subnormals would turn into a division by zero.
   if (a == 0u) return x;
   if (a >= kInfBits || magnitude_bits(x) >= kInfBits) {
     return magnitude_bits(x) >= kInfBits || a > kInfBits ? as_type<float>(0x7fc00000u) : 0.0f;
   }
-  // A subnormal clamped absmax c (kMinScale is one) is 0 to a GPU that flushes subnormals: 1 / c = inf,
+  // A subnormal clamped absmax c (MIN_SCALE is one) is 0 to a GPU that flushes subnormals: 1 / c = inf,
   // x * inf = NaN. Then every x of the block is subnormal or zero too, x = mx * 2**-149 and c = mc *
   // 2**-149 with integer mantissas below 2**23: x / c = mx / mc, and x * round(1 / c) = mx * round(1 / mc)
   // exactly (1 / mc and the product are normal, so rounding commutes with the power of two). Scaling the
   // mantissas, read off the bits, gives the reference's bits whether or not the GPU flushes.
-  const uint c = max(a, kMinScaleBits);
+  const uint c = max(a, BNB_MIN_SCALE_BITS);
   float clamped = as_type<float>(c);
   if (c < 0x00800000u) {
     const uint b = as_type<uint>(x);
