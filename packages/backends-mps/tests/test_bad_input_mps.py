@@ -1,25 +1,21 @@
-"""The bad-input matrix (packages/core/tests/reliability/bad_input_cases.py) on this package's Metal kernels
-in the emulator: every case that reaches an op of ``bitsandbytes_mps.ops``, through torch.ops with those
-functions registered as the ``cpu`` kernels and by calling them directly. A case must end as it does on the
-reference (a clear error naming the argument, or the documented result); an emulated out-of-bounds access,
-deadlock or wrong dispatch fails it. The rows join the matrix's printed table."""
+"""The bad-input matrix's backend-specific rows on this package's Metal kernels in the emulator: the glue's
+launch arithmetic at sizes past int32, that the registration reaches these functions, and that the
+emulator names an out-of-bounds access. The matrix itself (``bitsandbytes.testing.bad_inputs``) runs in
+the conformance suite (``conformance/test_bad_inputs.py``) on these kernels, registered for ``cpu`` by
+``bitsandbytes_mps.testing.emulated``, which declares the emulator's errors as harness errors. The rows
+join the matrix's printed table."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import bitsandbytes_emu as emu
+from bitsandbytes.testing import bad_input_table
+from bitsandbytes.testing import bad_inputs as cases
 from bitsandbytes_emu.errors import EmulationError
 from bitsandbytes_mps import library, ops
 from bitsandbytes_mps.ops import _common, _quantize
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "packages" / "core" / "tests" / "reliability"))
-import bad_input_cases as cases
-import matrix_table
 
 BACKEND = "mps (emulated)"
 # Every op a module declares: in emulation every Metal source must load (checked by the fixture).
@@ -29,7 +25,7 @@ IMPLS = ops.all_ops()
 @pytest.fixture(scope="module")
 def reached(request):
     emu.skip_unless_available()  # names the missing C++ compiler
-    matrix_table.install(request.config)
+    bad_input_table.install(request.config)
     old = library.use_emulator(True)
     library.reset()
     try:
@@ -39,12 +35,6 @@ def reached(request):
     finally:
         library.use_emulator(old)
         library.reset()
-
-
-@pytest.mark.parametrize(("case", "mode"), cases.backend_params(IMPLS))
-def test_bad_input(reached, case, mode):
-    outcome = cases.run_on_backend(case, mode, IMPLS, reached, harness_errors=(EmulationError,))
-    matrix_table.record(BACKEND, f"{case.group} [{mode}]", case.name, outcome)
 
 
 # The glue's own arithmetic at sizes past int32 (2**40 values; nothing is allocated): threadgroups stay
@@ -71,13 +61,7 @@ GLUE = [
 
 @pytest.mark.parametrize("case", GLUE, ids=[c.id for c in GLUE])
 def test_glue(case, reached):
-    matrix_table.record(BACKEND, case.group, case.name, cases.run(case, harness_errors=(EmulationError,)))
-
-
-def test_every_op_has_rows():
-    rows = {op for c in cases.for_backend(IMPLS) for op in c.ops}
-    missing = {op.split(".")[0] for op in IMPLS} - rows
-    assert not missing, f"ops of bitsandbytes_mps without a bad-input row: {sorted(missing)}"
+    bad_input_table.record(BACKEND, case.group, case.name, cases.run(case, harness_errors=(EmulationError,)))
 
 
 def test_registration_reaches_the_backend(reached):
@@ -91,4 +75,4 @@ def test_emulator_names_an_out_of_bounds_buffer(reached):
     A, absmax, out = torch.zeros(16, dtype=torch.uint8), torch.ones(1), torch.empty(32)
     with pytest.raises(EmulationError, match=r"out-of-bounds read near buffer 'A \(buffer 0\)'"):
         library.dispatch("dequantize_4bit_nf4_f32", A, absmax, out, 64, 64, threads=8, group_size=8)
-    matrix_table.record(BACKEND, "emulator self-check", "n past a buffer", "raises: EmulationError")
+    bad_input_table.record(BACKEND, "emulator self-check", "n past a buffer", "raises: EmulationError")

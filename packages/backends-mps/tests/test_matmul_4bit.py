@@ -232,8 +232,12 @@ def test_errors_are_the_references(op, args):
 
 def test_missing_bfloat_kernels_fall_back_to_the_reference(monkeypatch, dispatched):
     """Where MSL < 3.1 the bf16 instances are absent: gemv runs the reference, the float32 kernel stays native."""
-    real = _quantize.native
-    monkeypatch.setattr(_quantize, "native", lambda name, threads=0: not name.endswith("_bf16") and real(name, threads))
+    real = matmul_4bit.native
+
+    def without_bfloat(name, threads=0):
+        return not name.endswith("_bf16") and real(name, threads)
+
+    monkeypatch.setattr(matmul_4bit, "native", without_bfloat)
     packed, absmax, _ = quantized(3, 70, 64, "nf4", seed=1)
     for dtype in (torch.bfloat16, torch.float32):
         A = rand((2, 70), dtype, seed=0)

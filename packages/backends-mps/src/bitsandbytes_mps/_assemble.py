@@ -4,7 +4,7 @@ with the headers of ``metal/`` it includes (``#include "quantize.h"``) pasted in
 Both loaders compile exactly this text: ``torch.mps.compile_shader`` at run time, which takes one text
 and no include path (and the emulator in the tests), and the CMake build on macOS (``python _assemble.py
 --out DIR`` writes one ``.metal`` per source, which ``xcrun metal`` turns into ``bitsandbytes.metallib``).
-Only the sources the tables name are assembled. Imports neither torch nor bitsandbytes.
+Imports neither torch nor bitsandbytes.
 """
 
 from __future__ import annotations
@@ -131,17 +131,15 @@ def digest(source: str) -> str:
 
 
 def manifest(names: list[str] | None = None) -> dict:
-    """The manifest of a metallib built from ``names`` (default: every source the tables name)."""
+    """The manifest of a metallib built from ``names`` (default: every source)."""
     return {"format": MANIFEST_FORMAT, "sources": {n: digest(n) for n in (sources() if names is None else names)}}
 
 
 def sources() -> list[str]:
-    """The Metal sources the tables name, in table order."""
-    if __package__ in (None, ""):  # run as a script by CMake
-        sys.path.insert(0, str(Path(__file__).parent.parent))
-    from bitsandbytes_mps.tables import by_source
-
-    return list(by_source())
+    """The Metal sources, ``metal/*.metal`` by name: the kernel families (a test checks that the tables
+    name exactly these). Read off the directory, because CMake runs this file in a Python without torch,
+    which the tables' collection needs."""
+    return sorted(p.name for p in METAL_DIR.glob("*.metal"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,4 +95,4 @@ def _diagnostics() -> dict:
     return info
 
 
-backend = Backend("mps", ["mps"], api_version="1.0", load=_load, is_available=_is_available, diagnostics=_diagnostics)
+backend = Backend("mps", ["mps"], api_version="1.2", load=_load, is_available=_is_available, diagnostics=_diagnostics)

@@ -17,35 +17,22 @@ from the same inputs, so a failed call leaves nothing half-updated.
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["REGISTERED", "all_ops", "falling_back", "modules", "native_ops", "register_all"]
+from bitsandbytes.backends import kit
 
-# (op, device type) -> function, as registered in this process.
-REGISTERED: dict[tuple[str, str], Callable] = {}
+__all__ = ["all_ops", "falling_back", "modules", "native_ops", "register_all"]
 
 
 def modules() -> list[ModuleType]:
     """The family modules, by name."""
-    found = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if not info.name.startswith("_"):
-            found.append(importlib.import_module(f"{__name__}.{info.name}"))
-    return found
+    return kit.family_modules(__name__)
 
 
 def all_ops() -> dict[str, Callable]:
     """Every family module's ``OPS``, merged; a name in two modules is an error."""
-    found: dict[str, Callable] = {}
-    for module in modules():
-        for op, fn in getattr(module, "OPS", {}).items():
-            if op in found:
-                raise ValueError(f"op {op!r} is implemented in two modules of bitsandbytes_mps.ops")
-            found[op] = fn
-    return found
+    return kit.collect(__name__)
 
 
 def native_ops() -> dict[str, Callable]:
@@ -80,13 +67,8 @@ def falling_back(op: str, fn: Callable) -> Callable:
 
 def register_all(device_type: str = "mps") -> dict[str, Callable]:
     """Register the native ops for ``device_type`` (``"cpu"`` only for emulation), each behind
-    ``falling_back``; idempotent. Returns the native functions."""
-    import torch
-
+    ``falling_back`` (``kit.register``: idempotent, and what is registered reads back from the
+    dispatcher). Returns the native functions."""
     ops = native_ops()
-    for op, fn in ops.items():
-        if (op, device_type) not in REGISTERED:
-            guarded = falling_back(op, fn)
-            torch.library.register_kernel(f"bitsandbytes::{op}", device_type)(guarded)
-            REGISTERED[(op, device_type)] = guarded
+    kit.register({op: falling_back(op, fn) for op, fn in ops.items()}, device_type)
     return ops

@@ -1,15 +1,14 @@
-"""Helpers shared by the op modules: kernel-name suffixes per dtype, launch sizes, placeholder buffers."""
+"""Helpers shared by the op modules: kernel-name suffixes per dtype (the kit's), launch sizes, placeholder buffers."""
 
 from __future__ import annotations
 
 import torch
 
+from bitsandbytes.backends import kit
+
 from .. import library
 
-__all__ = ["GROUP", "SUFFIX", "elementwise", "native", "placeholder", "suffix"]
-
-# torch dtype -> the suffix the tables give a kernel instantiated for it
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+__all__ = ["GROUP", "elementwise", "native", "placeholder", "suffix"]
 
 GROUP = 256  # threads per threadgroup for the elementwise kernels: 8 SIMD-groups
 # Kernels index with a 32-bit thread position: larger launches stay on the reference.
@@ -17,10 +16,8 @@ MAX_THREADS = 2**32 - 1
 
 
 def suffix(dtype: torch.dtype) -> str:
-    try:
-        return SUFFIX[dtype]
-    except KeyError:
-        raise TypeError(f"no Metal kernel for dtype {dtype}; expected one of {', '.join(map(str, SUFFIX))}") from None
+    """The tables' name suffix of a kernel instantiated for ``dtype``; ``TypeError`` for other dtypes."""
+    return kit.dtype_suffix(dtype, "Metal")
 
 
 def native(name: str, threads: int = 0) -> bool:

@@ -1,29 +1,24 @@
 """What the quantizer ops share (ops/blockwise.py, ops/fourbit.py, gemm_4bit in ops/matmul_4bit.py), as
 metal/quantize.h shares it between their kernels: the launch geometry of the quantizers and dequantizers
-(what each kernel needs is stated above it in its .metal file), the fallback to the reference, and a
+(what each kernel needs is stated above it in its .metal file), when a kernel serves a call, and a
 tensor's bytes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from bitsandbytes import _checks
-from bitsandbytes._reference import REFERENCE
 
 from ..tables._quantize import DEQUANT_ITEMS, DEQUANT_THREADS, QUANT_ITEMS, QUANT_MIN_THREADS
 from ._common import native
 
-__all__ = ["as_bytes", "dequantize_geometry", "fallback", "quantize_geometry"]
+__all__ = ["as_bytes", "dequantize_geometry", "quantize_geometry", "served"]
 
 
-def fallback(op: str, kernel: str, threads: int = 0, blocksize: int | None = None) -> Callable | None:
-    """The reference kernel of ``op`` when ``kernel`` is not loaded (or ``threads`` is past 32-bit
-    positions, or ``blocksize`` is one the kernels do not cover), else None."""
-    if blocksize is not None and blocksize not in _checks.BLOCKSIZES:
-        return REFERENCE[op]
-    return None if native(kernel, threads) else REFERENCE[op]
+def served(kernel: str, threads: int = 0, blocksize: int | None = None) -> bool:
+    """Whether ``kernel`` serves a call: it is loaded, ``threads`` fits 32-bit positions and ``blocksize``
+    is one the kernels cover. Otherwise the op runs its reference kernel, on the same device."""
+    return (blocksize is None or blocksize in _checks.BLOCKSIZES) and native(kernel, threads)
 
 
 def quantize_geometry(n: int, blocksize: int) -> tuple[int, int]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import torch
 
 from bitsandbytes import _checks
-from bitsandbytes._ops import check_dequantize_blockwise, check_quantize_blockwise
+from bitsandbytes._ops import check_quantize_blockwise
+from bitsandbytes._reference import REFERENCE
+from bitsandbytes.backends import kit
 
 from .. import library
 from ..tables.blockwise import MAP_THREADS, SOURCE
 from ._common import suffix
-from ._quantize import as_bytes, dequantize_geometry, fallback, quantize_geometry
+from ._quantize import as_bytes, dequantize_geometry, quantize_geometry, served
 
 __all__ = ["OPS"]
 
@@ -34,8 +36,8 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_blockwise(A, code, blocksize)
     name = f"quantize_blockwise_{suffix(A.dtype)}"
-    if ref := fallback("quantize_blockwise", name, A.numel(), blocksize):
-        return ref(A, code, blocksize)
+    if not served(name, A.numel(), blocksize):
+        return REFERENCE["quantize_blockwise"](A, code, blocksize)
     n = A.numel()
     out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
     absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
@@ -47,16 +49,17 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
     return out, absmax
 
 
-def dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
+def dequantize_blockwise_into(A, absmax, code, blocksize, dtype, out) -> None:
+    """The kernel of dequantize_blockwise and its ``.out``: the values of A into ``out`` (contiguous)."""
     n = A.numel()
     if n:
         threads, size = dequantize_geometry(n)
         library.dispatch(
-            f"dequantize_blockwise_{suffix(out.dtype)}",
+            f"dequantize_blockwise_{suffix(dtype)}",
             as_bytes(A),
             absmax.contiguous(),
             code.contiguous(),
-            out,
+            out.view(-1),
             n,
             blocksize,
             threads=threads,
@@ -64,30 +67,15 @@ def dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
         )
 
 
-def dequantize_blockwise(
-    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
-) -> torch.Tensor:
-    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    if ref := fallback("dequantize_blockwise", f"dequantize_blockwise_{suffix(dtype)}", A.numel(), blocksize):
-        return ref(A, absmax, code, blocksize, dtype)
-    out = torch.empty(A.shape, dtype=dtype, device=A.device)
-    dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))
-    return out
+def _dequantize_served(A, absmax, code, blocksize, dtype) -> bool:
+    return served(f"dequantize_blockwise_{suffix(dtype)}", A.numel(), blocksize)
 
 
-def dequantize_blockwise_out(
-    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
-) -> None:
-    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
-    if ref := fallback("dequantize_blockwise.out", f"dequantize_blockwise_{suffix(dtype)}", A.numel(), blocksize):
-        return ref(A, absmax, code, blocksize, dtype, out)
-    dequantize_blockwise_into(A, absmax, code, blocksize, out.view(-1))  # out_tensor: contiguous
+# The op and its .out from the one kernel (kit.out_pair: the check, out=, the reference where not served).
+_DEQUANTIZE = kit.out_pair("dequantize_blockwise", dequantize_blockwise_into, native=_dequantize_served)
+dequantize_blockwise = _DEQUANTIZE["dequantize_blockwise"]
+dequantize_blockwise_out = _DEQUANTIZE["dequantize_blockwise.out"]
 
 
 # op name -> implementation (registered for "mps" by the plugin, for "cpu" by the emulated test plugin).
-OPS = {
-    "quantize_blockwise": quantize_blockwise,
-    "dequantize_blockwise": dequantize_blockwise,
-    "dequantize_blockwise.out": dequantize_blockwise_out,
-}
+OPS = {"quantize_blockwise": quantize_blockwise, **_DEQUANTIZE}

@@ -8,18 +8,19 @@ before macOS 14) sends the op to the core's reference kernel, on the same device
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from math import prod
 
 import torch
 
 from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_dequantize_4bit, check_quantize_4bit
+from bitsandbytes._ops import check_quantize_4bit
+from bitsandbytes._reference import REFERENCE
+from bitsandbytes.backends import kit
 
 from .. import library
 from ..tables.fourbit import SOURCE
 from ._common import suffix
-from ._quantize import as_bytes, dequantize_geometry, fallback, quantize_geometry
+from ._quantize import as_bytes, dequantize_geometry, quantize_geometry, served
 
 __all__ = ["OPS"]
 
@@ -31,8 +32,8 @@ def quantize_4bit(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_4bit(A, blocksize, quant_type, quant_storage)
     name = f"quantize_4bit_{quant_type}_{suffix(A.dtype)}"
-    if ref := fallback("quantize_4bit", name, A.numel()):
-        return ref(A, blocksize, quant_type, quant_storage)
+    if not served(name, A.numel()):
+        return REFERENCE["quantize_4bit"](A, blocksize, quant_type, quant_storage)
     n = A.numel()
     # The kernel writes bytes; quant_storage is only a view of them.
     packed = torch.empty(_checks.packed_4bit_bytes(n), dtype=torch.uint8, device=A.device)
@@ -44,15 +45,16 @@ def quantize_4bit(
     return packed.view(quant_storage).reshape(_formats.packed_4bit_shape(n, quant_storage)), absmax
 
 
-def dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
+def dequantize_4bit_into(A, absmax, blocksize, quant_type, shape, dtype, out) -> None:
+    """The kernel of dequantize_4bit and its ``.out``: the values of A into ``out`` (contiguous)."""
     n = out.numel()
     if n:
         threads, size = dequantize_geometry(n)
         library.dispatch(
-            f"dequantize_4bit_{quant_type}_{suffix(out.dtype)}",
+            f"dequantize_4bit_{quant_type}_{suffix(dtype)}",
             as_bytes(A),
             absmax.contiguous(),
-            out,
+            out.view(-1),
             n,
             blocksize,
             threads=threads,
@@ -60,36 +62,15 @@ def dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
         )
 
 
-def dequantize_4bit(
-    A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
-) -> torch.Tensor:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    if ref := fallback("dequantize_4bit", f"dequantize_4bit_{quant_type}_{suffix(dtype)}", prod(dims)):
-        return ref(A, absmax, blocksize, quant_type, shape, dtype)
-    out = torch.empty(dims, dtype=dtype, device=A.device)
-    dequantize_4bit_into(A, absmax, blocksize, quant_type, out.view(-1))
-    return out
+def _dequantize_served(A, absmax, blocksize, quant_type, shape, dtype) -> bool:
+    return served(f"dequantize_4bit_{quant_type}_{suffix(dtype)}", prod(shape))
 
 
-def dequantize_4bit_out(
-    A: torch.Tensor,
-    absmax: torch.Tensor,
-    blocksize: int,
-    quant_type: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    out: torch.Tensor,
-) -> None:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
-    if ref := fallback("dequantize_4bit.out", f"dequantize_4bit_{quant_type}_{suffix(dtype)}", prod(dims)):
-        return ref(A, absmax, blocksize, quant_type, shape, dtype, out)
-    dequantize_4bit_into(A, absmax, blocksize, quant_type, out.view(-1))
+# The op and its .out from the one kernel (kit.out_pair: the check, out=, the reference where not served).
+_DEQUANTIZE = kit.out_pair("dequantize_4bit", dequantize_4bit_into, native=_dequantize_served)
+dequantize_4bit = _DEQUANTIZE["dequantize_4bit"]
+dequantize_4bit_out = _DEQUANTIZE["dequantize_4bit.out"]
 
 
 # op name -> implementation (registered for "mps" by the plugin, for "cpu" by the emulated test plugin).
-OPS = {
-    "quantize_4bit": quantize_4bit,
-    "dequantize_4bit": dequantize_4bit,
-    "dequantize_4bit.out": dequantize_4bit_out,
-}
+OPS = {"quantize_4bit": quantize_4bit, **_DEQUANTIZE}

@@ -22,13 +22,14 @@ from math import prod
 import torch
 
 from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
+from bitsandbytes._ops import check_gemm_4bit
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes.backends import kit
 
 from .. import library
 from ..tables.matmul_4bit import GEMV_FEATURES, GEMV_ROWS, GEMV_THREADS, SOURCE
 from ._common import native, placeholder, suffix
-from ._quantize import as_bytes, dequantize_geometry, fallback
+from ._quantize import as_bytes, dequantize_geometry
 from .blockwise import dequantize_blockwise_into
 from .fourbit import dequantize_4bit_into
 
@@ -111,33 +112,20 @@ def _gemv(A, B, N, K, absmax, code, blocksize, out, bias=None) -> None:
     _gemv_into(A, B, N, K, absmax, code, blocksize, out.view(-1), bias)
 
 
-def gemv_4bit(
-    A: torch.Tensor, B: torch.Tensor, shapeB: Sequence[int], absmax: torch.Tensor, code: torch.Tensor, blocksize: int
-) -> torch.Tensor:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    if ref := fallback("gemv_4bit", f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(N)):
-        return ref(A, B, shapeB, absmax, code, blocksize)
-    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
+def _gemv_kernel(A, B, shapeB, absmax, code, blocksize, out) -> None:
+    """The kernel of gemv_4bit and its ``.out`` (after the op's check)."""
+    N, K = shapeB
     _gemv(A, B, N, K, absmax, code, blocksize, out)
-    return out
 
 
-def gemv_4bit_out(
-    A: torch.Tensor,
-    B: torch.Tensor,
-    shapeB: Sequence[int],
-    absmax: torch.Tensor,
-    code: torch.Tensor,
-    blocksize: int,
-    out: torch.Tensor,
-) -> None:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(
-        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
-    )
-    if ref := fallback("gemv_4bit.out", f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(N)):
-        return ref(A, B, shapeB, absmax, code, blocksize, out)
-    _gemv(A, B, N, K, absmax, code, blocksize, out)
+def _gemv_served(A, B, shapeB, absmax, code, blocksize) -> bool:
+    return native(f"gemv_4bit_{suffix(A.dtype)}", _gemv_threads(shapeB[0]))
+
+
+# The op and its .out from the one kernel (kit.out_pair: the check, out=, the reference where not served).
+_GEMV = kit.out_pair("gemv_4bit", _gemv_kernel, native=_gemv_served)
+gemv_4bit = _GEMV["gemv_4bit"]
+gemv_4bit_out = _GEMV["gemv_4bit.out"]
 
 
 def gemm_4bit(
@@ -167,22 +155,19 @@ def gemm_4bit(
     if absmax_8bit is not None:
         # Double quantization: the block scales back in float32, then the offset, as the reference.
         scales = torch.empty(absmax_8bit.numel(), dtype=torch.float32, device=A.device)
-        dequantize_blockwise_into(absmax_8bit, absmax, absmax_code, _formats.DOUBLE_QUANT_BLOCKSIZE, scales)
+        blocksize_8bit = _formats.DOUBLE_QUANT_BLOCKSIZE
+        dequantize_blockwise_into(absmax_8bit, absmax, absmax_code, blocksize_8bit, torch.float32, scales)
         absmax = scales + absmax_offset.reshape(()).float()
     if fused:
         out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
         _gemv(A, B, N, K, absmax, _table(quant_type, A.device), blocksize, out, bias)
         return out
     W = torch.empty((N, K), dtype=A.dtype, device=A.device)  # the reference's weight, rounded to A's dtype
-    dequantize_4bit_into(B, absmax, blocksize, quant_type, W.view(-1))
+    dequantize_4bit_into(B, absmax, blocksize, quant_type, (N, K), A.dtype, W)
     if bias is None:
         return torch.matmul(A, W.T)
     return torch.nn.functional.linear(A, W, bias)
 
 
 # op name -> implementation (registered for "mps" by the plugin, for "cpu" by the emulated test plugin).
-OPS = {
-    "gemv_4bit": gemv_4bit,
-    "gemv_4bit.out": gemv_4bit_out,
-    "gemm_4bit": gemm_4bit,
-}
+OPS = {**_GEMV, "gemm_4bit": gemm_4bit}

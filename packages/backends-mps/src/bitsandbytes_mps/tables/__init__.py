@@ -3,16 +3,15 @@
 A ``Kernel`` names a host function of ``metal/<source>`` (the ``[[host_name]]`` of a template instance, or
 a plain ``kernel void``), its buffer arguments in binding order and the largest threadgroup the host
 launches it with (``max_threads``, which the source declares as ``[[max_total_threads_per_threadgroup]]``).
-The dispatcher checks every call against it, the source assembly compiles exactly the sources the tables
-name, and a host-side test parses each kernel's signature and limit from the ``.metal`` text
+The dispatcher checks every call against it, the loader compiles exactly the sources the tables name,
+and a host-side test parses each kernel's signature and limit from the ``.metal`` text
 (``parse_kernels``) and compares: the three cannot drift.
-This package imports neither torch nor bitsandbytes (the CMake build runs the assembly in a bare Python).
+Importing it imports neither torch nor bitsandbytes; ``all_kernels`` collects the family modules with the
+core's plugin kit.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from dataclasses import dataclass
 
@@ -170,29 +169,13 @@ class Kernel:
 _all: dict[str, Kernel] | None = None
 
 
-def _collect() -> dict[str, Kernel]:
-    found: dict[str, Kernel] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        kernels = getattr(module, "KERNELS", None)
-        if not isinstance(kernels, (list, tuple)):
-            raise TypeError(f"{module.__name__}.KERNELS must be a list of Kernel, got {type(kernels).__name__}")
-        for k in kernels:
-            if not isinstance(k, Kernel):
-                raise TypeError(f"{module.__name__}.KERNELS holds {k!r}, not a Kernel")
-            if k.name in found:
-                raise ValueError(f"kernel name {k.name!r} is in two tables ({module.__name__} and another)")
-            found[k.name] = k
-    return found
-
-
 def all_kernels() -> dict[str, Kernel]:
     """Every table's kernels, name -> Kernel, collected once from the modules of this package."""
     global _all
     if _all is None:
-        _all = _collect()
+        from bitsandbytes.backends import kit  # not at import: the table types need no torch
+
+        _all = kit.collect(__name__, "KERNELS", key=lambda k: k.name, item_type=Kernel)
     return _all
 
 

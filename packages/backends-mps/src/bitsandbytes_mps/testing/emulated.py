@@ -11,17 +11,12 @@ without a Metal implementation keep whatever ``cpu`` kernel they had: the refere
 
 from __future__ import annotations
 
+from bitsandbytes.backends import kit
+
 from .. import library, ops
 
-__all__ = ["REGISTERED_OPS"]
 
-REGISTERED_OPS: list[str] = []
-
-
-def pytest_configure(config) -> None:
-    reason = library.emulator().unavailable_reason()
-    if reason:
-        raise RuntimeError(f"bitsandbytes_mps.testing.emulated needs the kernel emulator: {reason}")
+def _enable() -> list[str]:
     library.use_emulator(True)
     status = library.load()
     failed = {s: r for s, r in status.reasons.items() if s != "metallib"}
@@ -29,8 +24,18 @@ def pytest_configure(config) -> None:
         # In emulation every source must compile and every kernel fit its declared launch size: a
         # failure here is a kernel bug, not a fallback.
         raise RuntimeError(f"emulated Metal sources failed to load: {failed or status.missing or status.dropped}")
-    REGISTERED_OPS[:] = sorted(ops.register_all("cpu"))
+    return list(ops.register_all("cpu"))
 
 
-def pytest_report_header(config) -> str:
-    return f"emulated mps: {len(REGISTERED_OPS)} ops on emulated Metal kernels ({', '.join(REGISTERED_OPS)})"
+_plugin = kit.emulated_plugin(
+    __name__, "mps", "Metal", unavailable_reason=lambda: library.emulator().unavailable_reason(), enable=_enable
+)
+pytest_configure, pytest_report_header = _plugin.pytest_configure, _plugin.pytest_report_header
+
+
+def pytest_bnb_harness_errors(config) -> tuple[type[BaseException], ...]:
+    """The emulator's own errors (an out-of-bounds access, a race, a deadlock): a kernel bug, never an
+    expected outcome of a bad-input case."""
+    from bitsandbytes_emu.errors import EmulationError
+
+    return (EmulationError,)
