@@ -23,6 +23,7 @@ here synchronizes.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import threading
@@ -91,17 +92,18 @@ _kernels: dict[str, Any] = {}  # kernel name -> callable kernel of a loaded libr
 
 def emulator():
     """``bitsandbytes_emu``, the kernel emulator: this package's test extra, so a ModuleNotFoundError naming it
-    where it is not installed."""
+    where it is not installed (an error of something it imports is raised as it is: that is the news)."""
     try:
-        import bitsandbytes_emu
+        return importlib.import_module("bitsandbytes_emu")
     except ModuleNotFoundError as e:
-        if e.name != "bitsandbytes_emu":  # installed, but something it imports is not: that error is the news
+        if e.name != "bitsandbytes_emu":
             raise
-        raise ModuleNotFoundError(
-            "the Metal kernels run in emulation only with the kernel emulator installed: "
-            "pip install 'bitsandbytes-mps[test]' (or bitsandbytes-emu, the same version)"
-        ) from e
-    return bitsandbytes_emu
+        missing = e
+    raise ModuleNotFoundError(
+        "the Metal kernels run in emulation only with the kernel emulator installed: "
+        "pip install 'bitsandbytes-mps[test]' (or bitsandbytes-emu, the same version)",
+        name="bitsandbytes_emu",
+    ) from missing
 
 
 def use_emulator(enabled: bool = True) -> bool:

@@ -12,6 +12,7 @@ core's plugin kit.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -166,38 +167,29 @@ class Kernel:
         return f"{self.name}({', '.join(map(str, self.params))})"
 
 
-_all: dict[str, Kernel] | None = None
-
-
+@functools.cache
 def all_kernels() -> dict[str, Kernel]:
     """Every table's kernels, name -> Kernel, collected once from the modules of this package."""
-    global _all
-    if _all is None:
-        from bitsandbytes.backends import kit  # not at import: the table types need no torch
+    from bitsandbytes.backends import kit  # not at import: the table types need no torch
 
-        _all = kit.collect(__name__, "KERNELS", key=lambda k: k.name, item_type=Kernel)
-    return _all
+    return kit.collect(__name__, "KERNELS", key=lambda k: k.name, item_type=Kernel)
 
 
 def get(name: str) -> Kernel:
     """The table entry for a kernel name; ``KeyError`` naming the closest names when unknown."""
-    kernels = all_kernels()
-    try:
-        return kernels[name]
-    except KeyError:
-        import difflib
+    if (k := all_kernels().get(name)) is not None:
+        return k
+    import difflib
 
-        close = difflib.get_close_matches(name, kernels, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"no kernel named {name!r} in bitsandbytes_mps.tables{hint}") from None
+    close = ", ".join(difflib.get_close_matches(name, all_kernels(), n=3))
+    hint = f"; did you mean {close}?" if close else ""
+    raise KeyError(f"no kernel named {name!r} in bitsandbytes_mps.tables{hint}")
 
 
 def by_source() -> dict[str, list[Kernel]]:
     """The kernels grouped by their source file, in table order."""
-    groups: dict[str, list[Kernel]] = {}
-    for k in all_kernels().values():
-        groups.setdefault(k.source, []).append(k)
-    return groups
+    sources = dict.fromkeys(k.source for k in all_kernels().values())
+    return {s: [k for k in all_kernels().values() if k.source == s] for s in sources}
 
 
 # ---------------------------------------------------------------------------- parsing .metal sources
