@@ -39,8 +39,8 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
     if not served(name, A.numel(), blocksize):
         return REFERENCE["quantize_blockwise"](A, code, blocksize)
     n = A.numel()
-    out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
-    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    out = A.new_empty(A.shape, dtype=torch.uint8)
+    absmax = A.new_empty(_checks.n_blocks(n, blocksize), dtype=torch.float32)
     if n:
         mids, order = sorted_code_map(code)
         threads, size = quantize_geometry(n, blocksize)

@@ -16,6 +16,7 @@ reads each weight byte once per GEMV_ROWS rows.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from math import prod
 
@@ -46,16 +47,11 @@ SOURCES = (SOURCE,)
 # would move the crossover to ~36 rows; the kernel's fp32 FMAs (no simdgroup matrices) keep it low.
 GEMM_FUSED_MAX_ROWS = 2 * GEMV_ROWS
 
-_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
-
+@functools.cache
 def _table(quant_type: str, device: torch.device) -> torch.Tensor:
     """The 16-entry float32 table of ``quant_type`` on ``device``, made once (no copy in the hot path)."""
-    key = (quant_type, device)
-    t = _TABLES.get(key)
-    if t is None:
-        t = _TABLES[key] = _formats.code_table(quant_type, device).float().contiguous()
-    return t
+    return _formats.code_table(quant_type, device).float().contiguous()
 
 
 def _rows(A: torch.Tensor, K: int) -> int:
