@@ -1,10 +1,12 @@
 """Fixtures: ``emulated`` loads the Metal kernels in the emulator for one test and forgets them after;
-``dispatched`` records the kernels the ops dispatch."""
+``dispatched`` records the kernels the ops dispatch; ``code`` is the signed dynamic 8-bit map."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from bitsandbytes import functional
 from bitsandbytes_mps import library
 
 
@@ -31,3 +33,8 @@ def dispatched(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(library, "dispatch", recording)
     return names
+
+
+@pytest.fixture(scope="session")
+def code() -> torch.Tensor:
+    return functional.create_dynamic_map(signed=True).float()

@@ -1,13 +1,17 @@
-"""The comparisons the quantizer tests share (test_blockwise.py, test_fourbit.py): our op's bytes against
-the reference's."""
+"""What the quantizer tests share (test_blockwise.py, test_fourbit.py): the (dtype, blocksize, shape) cases
+and the comparisons of our op's bytes against the reference's."""
 
 from __future__ import annotations
 
 import torch
 
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes.testing.cases import blockwise_cases, dtype_id
 from bitsandbytes.testing.compare import assert_equal
 from bitsandbytes_mps.ops import blockwise, fourbit
+
+CASES = list(blockwise_cases())
+CASE_IDS = [f"{dtype_id(d)}-b{b}-{'x'.join(map(str, s))}" for d, b, s in CASES]
 
 
 def same_nans(actual: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

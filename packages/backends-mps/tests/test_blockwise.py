@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from quant_checks import check_blockwise, on_midpoints
+from quant_checks import CASE_IDS, CASES, check_blockwise, on_midpoints
 
 from bitsandbytes import functional
 from bitsandbytes._reference import REFERENCE
@@ -21,7 +21,6 @@ from bitsandbytes.testing.cases import (
     BLOCKSIZES,
     DTYPES,
     NONFINITE,
-    blockwise_cases,
     dtype_id,
     empty_shapes,
     randn,
@@ -36,15 +35,6 @@ from bitsandbytes_mps.tables import _quantize as geometry
 from bitsandbytes_mps.tables import blockwise as table
 
 pytestmark = pytest.mark.usefixtures("emulated")  # conftest: the library loads in the emulator
-
-CASES = list(blockwise_cases())
-CASE_IDS = [f"{dtype_id(d)}-b{b}-{'x'.join(map(str, s))}" for d, b, s in CASES]
-
-
-@pytest.fixture(scope="module")
-def code() -> torch.Tensor:
-    return functional.create_dynamic_map(signed=True).float()
-
 
 # --------------------------------------------------------------------------------- the source itself
 

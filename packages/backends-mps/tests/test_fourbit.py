@@ -12,16 +12,15 @@ import re
 
 import pytest
 import torch
-from quant_checks import check_4bit, check_blockwise, on_midpoints
+from quant_checks import CASE_IDS, CASES, check_4bit, check_blockwise, on_midpoints
 
-from bitsandbytes import _formats, functional
+from bitsandbytes import _formats
 from bitsandbytes._reference import REFERENCE
 from bitsandbytes.testing.cases import (
     DTYPES,
     NONFINITE,
     QUANT_STORAGE_DTYPES,
     QUANT_TYPES,
-    blockwise_cases,
     dtype_id,
     empty_shapes,
     randn,
@@ -34,14 +33,6 @@ from bitsandbytes_mps.ops import _quantize, fourbit
 from bitsandbytes_mps.tables import fourbit as table
 
 pytestmark = pytest.mark.usefixtures("emulated")  # conftest: the library loads in the emulator
-
-CASES = list(blockwise_cases())
-CASE_IDS = [f"{dtype_id(d)}-b{b}-{'x'.join(map(str, s))}" for d, b, s in CASES]
-
-
-@pytest.fixture(scope="module")
-def code() -> torch.Tensor:
-    return functional.create_dynamic_map(signed=True).float()
 
 
 @pytest.mark.parametrize("quant_type", QUANT_TYPES)
