@@ -9,7 +9,7 @@ makes ``dequantize_4bit`` and ``dequantize_4bit.out`` from one kernel that write
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from math import prod
 
 import numpy as np
@@ -39,15 +39,7 @@ def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tenso
     return torch.from_numpy(values).reshape(A.shape)
 
 
-def _dequantize_4bit_into(
-    A: torch.Tensor,
-    absmax: torch.Tensor,
-    blocksize: int,
-    quant_type: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    out: torch.Tensor,
-) -> None:
+def _dequantize_4bit_into(A, absmax, blocksize, quant_type, shape, dtype, out: torch.Tensor) -> None:
     """Packed NF4/FP4 codes (two per byte, first in the high nibble) -> ``table[code] * absmax`` in ``dtype``,
     written into ``out`` (already checked by ``kit.out_pair``: the op's result shape and dtype)."""
     n = out.numel()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from bitsandbytes import _checks, _formats
@@ -33,15 +31,7 @@ def _bytes(A: torch.Tensor) -> torch.Tensor:
     return A.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _dequantize_into(
-    A: torch.Tensor,
-    absmax: torch.Tensor,
-    blocksize: int,
-    quant_type: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    out: torch.Tensor,
-) -> None:
+def _dequantize_into(A, absmax, blocksize, quant_type, shape, dtype, out: torch.Tensor) -> None:
     if out.numel():
         _C.dequantize_4bit(_bytes(A), absmax.contiguous(), quant_type, blocksize, out, threads())
 
