@@ -222,6 +222,17 @@ def test_unsigned_and_linear_maps(bnb_device):
     check_blockwise(A, torch.linspace(-1, 1, 256), 64, bnb_device)
 
 
+@pytest.mark.parametrize("nan_at", [0, 5, 200, 255])
+def test_map_with_a_nan_entry(bnb_device, code, nan_at):
+    """A NaN map entry sorts after every number, and the midpoints next to it are searched as the
+    reference's bucketize searches them (it goes right at a NaN boundary)."""
+    with_nan = code.clone()
+    with_nan[nan_at] = float("nan")
+    A = randn((16 * 256 + 77,), torch.float32, seed_of("nan map", nan_at))
+    A[7] = float("nan")
+    check_blockwise(A, with_nan, 256, bnb_device)
+
+
 @pytest.mark.parametrize("value", NONFINITE, ids=str)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_nonfinite_in_the_short_last_block(bnb_device, code, dtype, value):

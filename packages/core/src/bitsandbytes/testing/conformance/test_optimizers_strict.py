@@ -1,11 +1,10 @@
 """Optimizer steps at their edges: unusual code maps, odd sizes, NaN, strided absmax, one-state rules.
 
 ``test_optimizers`` checks every rule and dtype over a few steps; this module adds the cases where
-kernels tend to go wrong: maps that are unsorted, linear, hold duplicates or clusters (the nearest-code
-search's corners; a map holding NaN is left to the backends' own tests, since the CPU backend's search
-does not yet give the reference's codes for one), sizes 0 to 257 around one block, a NaN gradient (it
-poisons its own block only), an all-zero block, a strided absmax (written back through the view), a
-one-state rule handed a state2 (left alone), bad arguments (raised before anything is written).
+kernels tend to go wrong: maps that are unsorted, linear, hold duplicates, clusters or NaN entries (the
+nearest-code search's corners), sizes 0 to 257 around one block, a NaN gradient (it poisons its own
+block only), an all-zero block, a strided absmax (written back through the view), a one-state rule
+handed a state2 (left alone), bad arguments (raised before anything is written).
 
 Every step starts the reference from the device's tensors, so each step is compared on its own.
 
@@ -56,6 +55,20 @@ def _maps() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 
 
 MAPS = _maps()
+
+
+def nan_maps(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    qmap1, qmap2 = (m.clone() for m in MAPS["dynamic"])
+    if layout == "scattered":
+        qmap1[[3, 77, 200]] = float("nan")
+        qmap2[[10, 128]] = float("nan")
+    elif layout == "last":  # sorted in torch's order, NaN after every number
+        qmap1[255] = qmap2[255] = float("nan")
+    else:  # shuffled, with NaN
+        gen = torch.Generator().manual_seed(11)
+        qmap1, qmap2 = (m[torch.randperm(256, generator=gen)] for m in (qmap1, qmap2))
+        qmap1[[0, 1, 250]] = qmap2[[5, 6]] = float("nan")
+    return qmap1, qmap2
 
 
 def grad(n, dtype, seed):
@@ -223,6 +236,28 @@ def test_8bit_nan_gradient_poisons_only_its_block(bnb_device, bnb_bitexact):
     got = {k: (v.cpu()[keep] if k.startswith("state") else v) for k, v in st.items()}
     want = {k: (v[keep] if k.startswith("state") else v) for k, v in ref.items()}
     assert_states8(got, want, qmap1, qmap2, bnb_bitexact, "the other blocks")
+
+
+@pytest.mark.parametrize("layout", ["scattered", "last", "shuffled"])
+@pytest.mark.parametrize("name", ["adam", "ademamix", "rmsprop", "lion"])
+def test_8bit_map_with_nan(bnb_device, bnb_bitexact, name, layout):
+    # A user-supplied map may hold NaN: the reference sorts it after every number (torch.argsort, stable)
+    # and searches the midpoints as torch.bucketize does.
+    qmap1, qmap2 = nan_maps(layout)
+    n = 3 * B + 40
+    p = torch.randn(n, generator=torch.Generator().manual_seed(12)).to(bnb_device)
+    st = state8(name, n, 13, qmap1, qmap2)
+    for key, qmap in (("state1", qmap1), ("state2", qmap2)):  # start from finite states
+        codes = st[key]
+        if codes is not None:
+            finite = torch.nonzero(~qmap.isnan()).flatten()
+            bad = qmap[codes.long()].isnan()
+            codes[bad] = finite[codes[bad].long() % finite.numel()].to(torch.uint8)
+    st = to(st, bnb_device)
+    before = p.cpu().clone()
+    ref_p, ref = step8(bnb_device, name, grad(n, torch.float32, 14), p, st, qmap1, qmap2)
+    assert_params_close(p, ref_p, before, name, f"{name} {layout}: p")
+    assert_states8(st, ref, qmap1, qmap2, bnb_bitexact, f"{name} {layout}")
 
 
 @pytest.mark.parametrize("name", ["adam", "momentum", "ademamix"])
