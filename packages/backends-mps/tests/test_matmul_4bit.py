@@ -208,28 +208,6 @@ def test_empty_dimensions(dispatched):
 # ------------------------------------------------------------------------------------ errors, fallback
 
 
-@pytest.mark.parametrize(
-    ("op", "args"),
-    [
-        (
-            "gemv_4bit",
-            lambda c: (torch.zeros(1, 32), torch.zeros(8, 1, dtype=torch.uint8), [4, 32], torch.zeros(4), c[:8], 32),
-        ),
-        (
-            "gemm_4bit",
-            lambda c: (torch.zeros(1, 31), torch.zeros(64, 1, dtype=torch.uint8), [4, 32], torch.zeros(4), 32, "nf4"),
-        ),
-    ],
-    ids=["gemv-code", "gemm-K"],
-)
-def test_errors_are_the_references(op, args):
-    code = code_of("nf4")
-    with pytest.raises((TypeError, ValueError)) as ref:
-        REFERENCE[op](*args(code))
-    with pytest.raises(type(ref.value), match=re.escape(str(ref.value))):
-        matmul_4bit.OPS[op](*args(code))
-
-
 def test_missing_bfloat_kernels_fall_back_to_the_reference(monkeypatch, dispatched):
     """Where MSL < 3.1 the bf16 instances are absent: gemv runs the reference, the float32 kernel stays native."""
     real = matmul_4bit.native
