@@ -11,12 +11,14 @@ from bitsandbytes.backends import kit
 
 from .. import _C
 from . import _outputs
+from ._maps import holds_nan
 from ._threads import threads
 
 
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
     check_quantize_blockwise(A, code, blocksize)
-    if blocksize not in _checks.BLOCKSIZES:  # the kernels take powers of two in [32, 4096] only
+    # The kernels take powers of two in [32, 4096] only, and maps without NaN (see _maps).
+    if blocksize not in _checks.BLOCKSIZES or holds_nan(code):
         return REFERENCE["quantize_blockwise"](A, code, blocksize)
     out = torch.empty(A.shape, dtype=torch.uint8)
     absmax = torch.empty(_checks.n_blocks(A.numel(), blocksize), dtype=torch.float32)

@@ -14,8 +14,10 @@ from bitsandbytes._ops import (
     check_optimizer_update_8bit_blockwise,
     check_optimizer_update_32bit,
 )
+from bitsandbytes._reference import REFERENCE
 
 from .. import _C
+from ._maps import holds_nan
 from ._threads import threads
 
 
@@ -83,6 +85,12 @@ def optimizer_update_8bit_blockwise(
         return
     if optimizer_name not in TWO_STATE_OPTIMIZERS:
         state2 = qmap2 = absmax2 = None  # one-state optimizers leave them untouched
+    if holds_nan(qmap1, qmap2):
+        REFERENCE["optimizer_update_8bit_blockwise"](
+            optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
+            absmax2, weight_decay, gnorm_scale, skip_zeros,
+        )  # fmt: skip
+        return
     a1 = absmax1.contiguous()
     a2 = absmax2.contiguous() if absmax2 is not None else None
     _C.optimizer_update_8bit_blockwise(
