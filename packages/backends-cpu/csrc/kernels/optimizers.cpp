@@ -483,23 +483,13 @@ struct Avx512 {
   static void store(typename Elem<D>::T* p, F v) {
     store16<D>(p, v);
   }
-  // The map in 16 registers, looked up 32 entries at a time by permutes and merged on the code's top three
-  // bits: cheaper than a gather.
+  // The 256-entry map by one vpgatherdd of 16 (from L1): on the Xeon measured (AVX-512, AMX) it beat the
+  // permutes over the map held in 16 registers (8 vpermt2ps and 7 blends; Adam8bit step about 0.8x the time).
   struct Codes {
-    __m512 t[16];
-    explicit Codes(const float* qmap) {
-      for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(qmap + 16 * k);
-    }
+    const float* qmap;
+    explicit Codes(const float* q) : qmap(q) {}
     F operator()(const uint8_t* q) const {
-      const I idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-      const __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
-      const __mmask16 b6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
-      const __mmask16 b7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
-      F r[4];
-      for (int k = 0; k < 4; ++k)
-        r[k] = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[4 * k], idx, t[4 * k + 1]),
-                                    _mm512_permutex2var_ps(t[4 * k + 2], idx, t[4 * k + 3]));
-      return _mm512_mask_blend_ps(b7, _mm512_mask_blend_ps(b6, r[0], r[1]), _mm512_mask_blend_ps(b6, r[2], r[3]));
+      return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), qmap, 4);
     }
   };
   static I zero() { return _mm512_setzero_si512(); }
