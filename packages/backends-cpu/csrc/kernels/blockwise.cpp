@@ -12,46 +12,32 @@ namespace BNB_ISA_NS {
 namespace {
 
 #if defined(BNB_ISA_AVX512)
-// N vectors of 16 values starting at x + i -> their slots at o + i.
-template <DType D, bool Full, int N>
-inline void quantize_vectors(const typename Elem<D>::T* x, int64_t i, const float* fac, int shift,
-                             const search8::Search& q, uint8_t* o) {
+// Slots of the first len - len % 16 values by the key table; returns how many it did. Checked: some
+// scaled value may be NaN (a NaN in the block, or inf times the factor 0 of an inf absmax).
+template <DType D, bool Full, bool Checked>
+int64_t quantize_keyed(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift,
+                       const search8::Keyed16& q, uint8_t* o) {
   const __m512 one = _mm512_set1_ps(1.0f), minus_one = _mm512_set1_ps(-1.0f);
-  __m512 v[N];
-  __m512i j[N];
-  for (int k = 0; k < N; ++k) {
-    const __m512 f = _mm512_set1_ps(fac[(i + 16 * k) >> shift]);  // blocks hold whole vectors
-    v[k] = load16<D>(x + i + 16 * k);
-    v[k] = Full ? _mm512_mul_ps(v[k], f) : _mm512_div_ps(v[k], f);
-    // Clamp to [-1, 1], NaN kept (min/max return their second operand when one is NaN).
-    v[k] = _mm512_max_ps(minus_one, _mm512_min_ps(one, v[k]));
-  }
-  q.slots<N>(v, j);
-  if constexpr (N % 4 == 0) {
-    // packs/packus interleave 128-bit lanes; the permute puts the dwords (4 slots each) back in order.
-    const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for (int k = 0; k < N; k += 4) {
-      __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(j[k], j[k + 1]), _mm512_packs_epi32(j[k + 2], j[k + 3]));
-      _mm512_storeu_si512(o + i + 16 * k, _mm512_permutexvar_epi32(fix, bytes));
-    }
-  } else {
-    for (int k = 0; k < N; ++k)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i + 16 * k), _mm512_cvtepi32_epi8(j[k]));
-  }
-}
-
-// Slots of the first len - len % 16 values; returns how many it did. Eight vectors at a time hide
-// the search's latency; smaller runs finish the group.
-template <DType D, bool Full>
-int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fac, int shift, const search8::Search& q,
-                      uint8_t* o) {
+  const __m512i fix = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   int64_t i = 0;
-  for (; i + 128 <= len; i += 128) {
-    prefetch_next_group(x, i, 128);
-    quantize_vectors<D, Full, 8>(x, i, fac, shift, q, o);
+  for (; i + 64 <= len; i += 64) {
+    __m512i j[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m512 f = _mm512_set1_ps(fac[(i + 16 * k) >> shift]);
+      __m512 v = load16<D>(x + i + 16 * k);
+      v = Full ? _mm512_mul_ps(v, f) : _mm512_div_ps(v, f);
+      j[k] = q.slot<true, Checked>(_mm512_max_ps(minus_one, _mm512_min_ps(one, v)));
+    }
+    __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(j[0], j[1]), _mm512_packs_epi32(j[2], j[3]));
+    _mm512_storeu_si512(o + i, _mm512_permutexvar_epi32(fix, bytes));
   }
-  for (; i + 64 <= len; i += 64) quantize_vectors<D, Full, 4>(x, i, fac, shift, q, o);
-  for (; i + 16 <= len; i += 16) quantize_vectors<D, Full, 1>(x, i, fac, shift, q, o);
+  for (; i + 16 <= len; i += 16) {
+    const __m512 f = _mm512_set1_ps(fac[i >> shift]);
+    __m512 v = load16<D>(x + i);
+    v = Full ? _mm512_mul_ps(v, f) : _mm512_div_ps(v, f);
+    __m512i j = q.slot<true, Checked>(_mm512_max_ps(minus_one, _mm512_min_ps(one, v)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), _mm512_cvtepi32_epi8(j));
+  }
   return i;
 }
 
@@ -98,31 +84,31 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
 #endif
 
 template <DType D>
-void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const search8::Tables& t, const NearestCode& map,
-                     int64_t blocksize, uint8_t* out, float* absmax, int64_t b0, int64_t b1) {
+void quantize_blocks(const typename Elem<D>::T* A, int64_t n, const NearestCode& map, int64_t blocksize, uint8_t* out,
+                     float* absmax, int64_t b0, int64_t b1) {
 #if defined(BNB_ISA_AVX512)
-  const search8::Search q(t);
+  const search8::Keyed16 keyed(map);
 #elif defined(BNB_ISA_AVX2)
   const search8::Keyed q(map);
 #elif defined(BNB_ISA_NEON)
-  (void)t;
   const search8::Keyed q(map);
-#else
-  (void)t;
 #endif
   auto body = [&](auto full, int64_t first, int64_t len, const float* fac, int shift) {
     constexpr bool Full = decltype(full)::value;
     const typename Elem<D>::T* x = A + first;
     uint8_t* o = out + first;
     int64_t i = 0;
-#if defined(BNB_ISA_AVX512)
-    i = quantize_simd<D, Full>(x, len, fac, shift, q, o);
-#elif defined(BNB_ISA_AVX2)
+#if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
     // A finite absmax bounds its block's values, and then its factor is finite and non-zero: no scaled
     // value is NaN, so the search skips its NaN handling.
     bool finite = true;
     for (int64_t k = 0, factors = Full ? len >> shift : 1; k < factors; ++k)
       finite &= std::isfinite(fac[k]) && fac[k] != 0.0f;
+#endif
+#if defined(BNB_ISA_AVX512)
+    i = finite ? quantize_keyed<D, Full, false>(x, len, fac, shift, keyed, o)
+               : quantize_keyed<D, Full, true>(x, len, fac, shift, keyed, o);
+#elif defined(BNB_ISA_AVX2)
     i = finite ? quantize_simd<D, Full, false>(x, len, fac, shift, q, o)
                : quantize_simd<D, Full, true>(x, len, fac, shift, q, o);
 #endif
@@ -182,13 +168,11 @@ void quantize_blockwise(const void* A, DType dtype, int64_t n, const NearestCode
                         float* absmax, int threads) {
   if (n <= 0) return;
   int64_t blocks = (n + blocksize - 1) / blocksize;
-  const search8::Tables tables(map.mids);
   visit_dtype(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     auto* x = static_cast<const typename Elem<D>::T*>(A);
-    parallel_for(blocks, (1 << 16) / blocksize + 1, threads, [&](int64_t b0, int64_t b1) {
-      quantize_blocks<D>(x, n, tables, map, blocksize, out, absmax, b0, b1);
-    });
+    parallel_for(blocks, (1 << 16) / blocksize + 1, threads,
+                 [&](int64_t b0, int64_t b1) { quantize_blocks<D>(x, n, map, blocksize, out, absmax, b0, b1); });
   });
 }
 
