@@ -117,7 +117,22 @@ def test_bf16_dot_and_fp32_paths_agree_within_tolerance():
                 check_close(torch.ops.bitsandbytes.gemv_4bit(A, q, [64, 1024], absmax, table, 64), ref, A, W32, "bf16")
         finally:
             _C.gemv_4bit_bf16_dot(1)
-    assert _C.gemv_4bit_bf16_dot() == have
+        assert _C.gemv_4bit_bf16_dot() == have  # asked at the same level: the answer is per level
+
+
+# The route (_bf16_tiles) and the kernel ask the same question of the same level: the AVX512-BF16 dot
+# products exist only in the avx512 build of the kernels, so a level lowered by BNB_CPU_ISA / set_isa
+# reports them off even on a CPU that has them, and bf16 rows above FUSED_MAX_ROWS then take the GEMM
+# route rather than a fused kernel without the dot products.
+@pytest.mark.parametrize("level", ISAS)
+def test_bf16_dot_is_reported_per_level(level):
+    with isa(level):
+        used = _C.gemv_4bit_bf16_dot()
+        if level != "avx512":
+            assert not used
+        elif hasattr(torch.cpu, "_is_avx512_bf16_supported"):
+            assert used == torch.cpu._is_avx512_bf16_supported()
+        assert mm._bf16_tiles(4096, 64) == used
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
