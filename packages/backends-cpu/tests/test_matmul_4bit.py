@@ -231,8 +231,14 @@ def test_crossover_constants_cover_every_dtype():
 # into several blocks of rows (M = 64 at K >= 4096), bias, 1 / 2 / 3 threads bit-identical.
 @pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(9, 257, 512, 64), (37, 6, 192, 128), (64, 131, 4160, 64)])
 def test_bf16_tiled_gemm(M, N, K, blocksize):
-    if not mm._bf16_tiles(K, blocksize):
-        pytest.skip("no AVX512-BF16 here")
+    # At the avx512 level whatever BNB_CPU_ISA chose: the GEMM is compiled there only.
+    with isa("avx512" if "avx512" in ISAS else _C.best_isa()):
+        if not mm._bf16_tiles(K, blocksize):
+            pytest.skip("needs AVX512-BF16 (this CPU or build has no avx512 level with it)")
+        _check_bf16_tiled_gemm(M, N, K, blocksize)
+
+
+def _check_bf16_tiled_gemm(M, N, K, blocksize):
     assert mm.FUSED_MAX_ROWS[torch.bfloat16] < M <= mm.BF16_TILE_MAX_ROWS
     q, absmax, _, W32 = quantized(N, K, blocksize, seed=M + K)
     A = randn((M, K), torch.bfloat16, seed=N, spread=False)
