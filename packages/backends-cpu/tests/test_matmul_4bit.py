@@ -117,7 +117,22 @@ def test_bf16_dot_and_fp32_paths_agree_within_tolerance():
                 check_close(torch.ops.bitsandbytes.gemv_4bit(A, q, [64, 1024], absmax, table, 64), ref, A, W32, "bf16")
         finally:
             _C.gemv_4bit_bf16_dot(1)
-    assert _C.gemv_4bit_bf16_dot() == have
+        assert _C.gemv_4bit_bf16_dot() == have  # asked at the same level: the answer is per level
+
+
+# The route (_bf16_tiles) and the kernel ask the same question of the same level: the AVX512-BF16 dot
+# products exist only in the avx512 build of the kernels, so a level lowered by BNB_CPU_ISA / set_isa
+# reports them off even on a CPU that has them, and bf16 rows above FUSED_MAX_ROWS then take the GEMM
+# route rather than a fused kernel without the dot products.
+@pytest.mark.parametrize("level", ISAS)
+def test_bf16_dot_is_reported_per_level(level):
+    with isa(level):
+        used = _C.gemv_4bit_bf16_dot()
+        if level != "avx512":
+            assert not used
+        elif hasattr(torch.cpu, "_is_avx512_bf16_supported"):
+            assert used == torch.cpu._is_avx512_bf16_supported()
+        assert mm._bf16_tiles(4096, 64) == used
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -216,8 +231,14 @@ def test_crossover_constants_cover_every_dtype():
 # into several blocks of rows (M = 64 at K >= 4096), bias, 1 / 2 / 3 threads bit-identical.
 @pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(9, 257, 512, 64), (37, 6, 192, 128), (64, 131, 4160, 64)])
 def test_bf16_tiled_gemm(M, N, K, blocksize):
-    if not mm._bf16_tiles(K, blocksize):
-        pytest.skip("no AVX512-BF16 here")
+    # At the avx512 level whatever BNB_CPU_ISA chose: the GEMM is compiled there only.
+    with isa("avx512" if "avx512" in ISAS else _C.best_isa()):
+        if not mm._bf16_tiles(K, blocksize):
+            pytest.skip("needs AVX512-BF16 (this CPU or build has no avx512 level with it)")
+        _check_bf16_tiled_gemm(M, N, K, blocksize)
+
+
+def _check_bf16_tiled_gemm(M, N, K, blocksize):
     assert mm.FUSED_MAX_ROWS[torch.bfloat16] < M <= mm.BF16_TILE_MAX_ROWS
     q, absmax, _, W32 = quantized(N, K, blocksize, seed=M + K)
     A = randn((M, K), torch.bfloat16, seed=N, spread=False)
