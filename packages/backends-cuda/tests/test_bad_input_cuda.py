@@ -15,7 +15,7 @@ import torch
 import bitsandbytes_emu as emu
 from bitsandbytes_cuda import launch, ops
 from bitsandbytes_cuda.ops import _common
-from bitsandbytes_cuda.ops import quant as quant_ops
+from bitsandbytes_cuda.ops import blockwise as quant_ops
 from bitsandbytes_emu.errors import EmulationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "packages" / "core" / "tests" / "reliability"))

@@ -1,29 +1,22 @@
-"""quantize/dequantize_blockwise (8-bit) and quantize/dequantize_4bit (NF4/FP4) on CUDA.
+"""quantize/dequantize_blockwise (8-bit) on CUDA, and the launch geometry of every blockwise quantizer.
 
 Validation is the core's (same errors as the reference); outputs are allocated by torch on the input's
-device; the launch geometry of the quant kernels is computed here and nowhere else (the kernels'
-requirements are stated at the top of csrc/kernels/quant.cu).
+device; the launch geometry of the 8-bit and the 4-bit (ops/fourbit.py) kernels is computed here and
+nowhere else (the kernels' requirements are stated at the top of csrc/kernels/blockwise.cu).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import (
-    check_dequantize_4bit,
-    check_dequantize_blockwise,
-    check_quantize_4bit,
-    check_quantize_blockwise,
-)
+from bitsandbytes import _checks
+from bitsandbytes._ops import check_dequantize_blockwise, check_quantize_blockwise
 from bitsandbytes._reference import REFERENCE
 
 from ..launch import launch
 from ._common import suffix
 
-# Values per thread in the quant kernels (kItems in quant.cuh).
+# Values per thread in the blockwise and fourbit kernels (kItems in blockwise.cuh).
 ITEMS_PER_THREAD = 8
 # Threads per block of the dequantizers, and the least per block of the quantizers.
 THREADS = 256
@@ -52,9 +45,6 @@ def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = torch.empty(256, dtype=torch.uint8, device=code.device)
     launch("quant_map_prepare", 1, 256, 0, code.contiguous(), mids, order)
     return mids, order
-
-
-# ------------------------------------------------------------------------------------------- 8-bit
 
 
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,62 +91,9 @@ def dequantize_blockwise_out(
     _dequantize_blockwise_into(A, absmax, code, blocksize, out)
 
 
-# ------------------------------------------------------------------------------------------- 4-bit
-
-
-def quantize_4bit(
-    A: torch.Tensor, blocksize: int, quant_type: str, quant_storage: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    check_quantize_4bit(A, blocksize, quant_type, quant_storage)
-    n = A.numel()
-    # The kernel writes bytes; quant_storage is only a view of them.
-    packed = torch.empty(_checks.packed_4bit_bytes(n), dtype=torch.uint8, device=A.device)
-    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
-    if n:
-        grid, threads = quantize_geometry(n, blocksize)
-        name = f"quantize_4bit_{quant_type}_{suffix(A.dtype)}"
-        launch(name, grid, threads, 0, A.contiguous(), packed, absmax, n, blocksize)
-    return packed.view(quant_storage).reshape(_formats.packed_4bit_shape(n, quant_storage)), absmax
-
-
-def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
-    n = out.numel()
-    if n:
-        grid, threads = dequantize_geometry(n)
-        name = f"dequantize_4bit_{quant_type}_{suffix(out.dtype)}"
-        raw = A.contiguous().reshape(-1).view(torch.uint8)  # the bytes, whatever the storage dtype
-        launch(name, grid, threads, 0, raw, absmax.contiguous(), out, n, blocksize)
-
-
-def dequantize_4bit(
-    A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
-) -> torch.Tensor:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    out = torch.empty(dims, dtype=dtype, device=A.device)
-    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
-    return out
-
-
-def dequantize_4bit_out(
-    A: torch.Tensor,
-    absmax: torch.Tensor,
-    blocksize: int,
-    quant_type: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    out: torch.Tensor,
-) -> None:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
-    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
-
-
 # op name -> implementation (registered by bitsandbytes_cuda.ops.register_all).
 OPS = {
     "quantize_blockwise": quantize_blockwise,
     "dequantize_blockwise": dequantize_blockwise,
     "dequantize_blockwise.out": dequantize_blockwise_out,
-    "quantize_4bit": quantize_4bit,
-    "dequantize_4bit": dequantize_4bit,
-    "dequantize_4bit.out": dequantize_4bit_out,
 }
