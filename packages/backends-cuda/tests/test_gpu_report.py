@@ -310,15 +310,16 @@ def test_execute_gives_each_step_no_more_than_the_budget_leaves(tmp_path):
 
 
 class _Session:
-    """Enough of nox.Session for tests-cuda: records commands, fails the ones ``fail`` names."""
+    """Enough of nox.Session for tests-cuda: records commands and installs, fails the ones ``fail`` names."""
 
     def __init__(self, tmp: Path, fail: str):
-        self.tmp, self.fail, self.posargs, self.commands = tmp, fail, [], []
+        self.tmp, self.fail, self.posargs, self.commands, self.installs = tmp, fail, [], [], []
         self.virtualenv = None
 
     def install(self, *args, **kwargs):
         import nox.command
 
+        self.installs.append(args)
         if self.fail in args:
             raise nox.command.CommandFailed("Returned code 1", return_code=1)
 
@@ -396,3 +397,17 @@ def test_bench_cuda_writes_the_report_when_the_bench_fails(tmp_path, monkeypatch
         noxfile.bench_cuda(session)
     (args,) = [c for c in session.commands if noxfile.CUDA_REPORT_SCRIPT in c]
     assert any(a.startswith("--bench=") and a.endswith("cuda_bench.json") for a in args)
+
+
+def test_tests_cuda_emulated_without_nvcc_installs_the_sources_and_runs_every_step(tmp_path, monkeypatch):
+    """No nvcc: the package without its library, then the same steps as with a built one (the tests that need
+    nvcc skip themselves, naming it), not a skip of the whole backend."""
+    noxfile = _noxfile()
+    monkeypatch.setattr(noxfile, "_have_nvcc", lambda: False)
+    session = _Session(tmp_path, fail="")
+    noxfile._tests_cuda_emulated(session)
+    (cuda,) = [args for args in session.installs if noxfile.CUDA in args]
+    assert "-Ccmake.define.BNB_CUDA_LIBRARY=OFF" in cuda
+    assert any(noxfile.EMU in args for args in session.installs)
+    assert session.commands[0][:2] == ("pytest", "packages/backends-cuda/tests")
+    assert any("bitsandbytes.testing" in c and "bitsandbytes_cuda.testing.emulated" in c for c in session.commands)
