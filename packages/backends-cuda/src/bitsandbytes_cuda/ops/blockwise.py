@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from bitsandbytes import _checks
-from bitsandbytes._ops import check_dequantize_blockwise, check_quantize_blockwise
+from bitsandbytes._ops import check_quantize_blockwise
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes.backends import kit
 
 from ..launch import launch
 from ._common import suffix
@@ -62,7 +63,7 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
     return out, absmax
 
 
-def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
+def _dequantize_blockwise_into(A, absmax, code, blocksize, dtype, out) -> None:
     n = A.numel()
     if n:
         grid, threads = dequantize_geometry(n)
@@ -70,30 +71,15 @@ def _dequantize_blockwise_into(A, absmax, code, blocksize, out) -> None:
         launch(name, grid, threads, 0, A.contiguous(), absmax.contiguous(), code.contiguous(), out, n, blocksize)
 
 
-def dequantize_blockwise(
-    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype
-) -> torch.Tensor:
-    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    if blocksize not in _checks.BLOCKSIZES:
-        return REFERENCE["dequantize_blockwise"](A, absmax, code, blocksize, dtype)
-    out = torch.empty(A.shape, dtype=dtype, device=A.device)
-    _dequantize_blockwise_into(A, absmax, code, blocksize, out)
-    return out
-
-
-def dequantize_blockwise_out(
-    A: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, blocksize: int, dtype: torch.dtype, out: torch.Tensor
-) -> None:
-    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
-    if blocksize not in _checks.BLOCKSIZES:
-        return REFERENCE["dequantize_blockwise.out"](A, absmax, code, blocksize, dtype, out)
-    _dequantize_blockwise_into(A, absmax, code, blocksize, out)
-
+# The functional op and its .out: the core's checks, then the kernel (the reference for a block size the
+# launch geometry does not cover: powers of two in [32, 4096] only).
+_DEQUANTIZE = kit.out_pair(
+    "dequantize_blockwise",
+    _dequantize_blockwise_into,
+    native=lambda A, absmax, code, blocksize, dtype: blocksize in _checks.BLOCKSIZES,
+)
+dequantize_blockwise = _DEQUANTIZE["dequantize_blockwise"]
+dequantize_blockwise_out = _DEQUANTIZE["dequantize_blockwise.out"]
 
 # op name -> implementation (registered by bitsandbytes_cuda.ops.register_all).
-OPS = {
-    "quantize_blockwise": quantize_blockwise,
-    "dequantize_blockwise": dequantize_blockwise,
-    "dequantize_blockwise.out": dequantize_blockwise_out,
-}
+OPS = {"quantize_blockwise": quantize_blockwise, **_DEQUANTIZE}

@@ -6,12 +6,11 @@ Validation is the core's (same errors as the reference); the launch geometry is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_dequantize_4bit, check_quantize_4bit
+from bitsandbytes._ops import check_quantize_4bit
+from bitsandbytes.backends import kit
 
 from ..launch import launch
 from ._common import suffix
@@ -33,7 +32,7 @@ def quantize_4bit(
     return packed.view(quant_storage).reshape(_formats.packed_4bit_shape(n, quant_storage)), absmax
 
 
-def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
+def _dequantize_4bit_into(A, absmax, blocksize, quant_type, shape, dtype, out) -> None:
     n = out.numel()
     if n:
         grid, threads = dequantize_geometry(n)
@@ -42,32 +41,10 @@ def _dequantize_4bit_into(A, absmax, blocksize, quant_type, out) -> None:
         launch(name, grid, threads, 0, raw, absmax.contiguous(), out, n, blocksize)
 
 
-def dequantize_4bit(
-    A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
-) -> torch.Tensor:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    out = torch.empty(dims, dtype=dtype, device=A.device)
-    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
-    return out
-
-
-def dequantize_4bit_out(
-    A: torch.Tensor,
-    absmax: torch.Tensor,
-    blocksize: int,
-    quant_type: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    out: torch.Tensor,
-) -> None:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
-    _dequantize_4bit_into(A, absmax, blocksize, quant_type, out)
-
+# The functional op and its .out: the core's checks, then the kernel.
+_DEQUANTIZE = kit.out_pair("dequantize_4bit", _dequantize_4bit_into)
+dequantize_4bit = _DEQUANTIZE["dequantize_4bit"]
+dequantize_4bit_out = _DEQUANTIZE["dequantize_4bit.out"]
 
 # op name -> implementation (registered by bitsandbytes_cuda.ops.register_all).
-OPS = {
-    "quantize_4bit": quantize_4bit,
-    "dequantize_4bit": dequantize_4bit,
-    "dequantize_4bit.out": dequantize_4bit_out,
-}
+OPS = {"quantize_4bit": quantize_4bit, **_DEQUANTIZE}

@@ -21,8 +21,9 @@ from math import prod
 
 import torch
 
-from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
+from bitsandbytes import _formats
+from bitsandbytes._ops import check_gemm_4bit
+from bitsandbytes.backends import kit
 
 from ..launch import launch
 from ..tables.matmul_4bit import (
@@ -282,19 +283,15 @@ def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
             torch.addmm(bias, A2, W.T, out=out2)
 
 
-def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
-    _matmul_into(A, B, N, K, _scales(absmax), code.contiguous(), blocksize, None, out)
-    return out
+def _gemv_4bit_into(A, B, shapeB, absmax, code, blocksize, out) -> None:
+    # Checked by the caller (kit.out_pair): out is [..., N], and A's last dimension is K.
+    _matmul_into(A, B, out.shape[-1], A.shape[-1], _scales(absmax), code.contiguous(), blocksize, None, out)
 
 
-def gemv_4bit_out(A, B, shapeB, absmax, code, blocksize, out) -> None:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(
-        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
-    )
-    _matmul_into(A, B, N, K, _scales(absmax), code.contiguous(), blocksize, None, out)
+# The functional op and its .out: the core's checks, then the kernels.
+_GEMV = kit.out_pair("gemv_4bit", _gemv_4bit_into)
+gemv_4bit = _GEMV["gemv_4bit"]
+gemv_4bit_out = _GEMV["gemv_4bit.out"]
 
 
 def gemm_4bit(
@@ -307,4 +304,4 @@ def gemm_4bit(
     return out
 
 
-OPS = {"gemv_4bit": gemv_4bit, "gemv_4bit.out": gemv_4bit_out, "gemm_4bit": gemm_4bit}
+OPS = {**_GEMV, "gemm_4bit": gemm_4bit}
