@@ -40,6 +40,9 @@ def good():  # upstream's convention: a callable that registers kernels
 # A newer minor API version is fine: only the major has to match.
 obj = Backend("obj", ["cpu"], api_version="1.7", load=lambda: _register("gemv_4bit.out", "cpu"),
               diagnostics=lambda: {"answer": 42})
+# Older minors keep loading: 1.1 (native_library=) and 1.2 (the kit) only added.
+v10 = Backend("v10", ["cpu"], api_version="1.0", load=lambda: _register("int8_scaled_mm", "cpu"))
+v11 = Backend("v11", ["cpu"], api_version="1.1", load=lambda: _register("int8_mm_dequant", "cpu"))
 
 
 def raising():
@@ -67,7 +70,7 @@ def _must_not_load():
 away = Backend("away", ["cuda"], api_version="1.0", is_available=lambda: False, load=_must_not_load)
 """
 
-NAMES = ("good", "obj", "raising", "oldapi", "newapi", "unknown", "notcallable", "stray", "away")
+NAMES = ("good", "obj", "v10", "v11", "raising", "oldapi", "newapi", "unknown", "notcallable", "stray", "away")
 FAILING = ("raising", "oldapi", "newapi", "unknown", "notcallable", "stray")
 # Select exactly this file's plugins: a backend installed in the environment (bitsandbytes-cpu, once the
 # tests session has built it) must not change what these tests see.
@@ -126,6 +129,9 @@ def test_every_plugin_kind_and_failure(site):
     assert recs["obj"]["kernels"] == [["gemv_4bit.out", "cpu"]]
     assert recs["obj"]["diagnostics"] == {"answer": 42}
 
+    for name, op in (("v10", "int8_scaled_mm"), ("v11", "int8_mm_dequant")):
+        assert recs[name]["status"] == "loaded" and recs[name]["kernels"] == [[op, "cpu"]]
+
     # Unavailable is a skip, not an error, and load() is never called.
     assert recs["away"]["status"] == "skipped" and "not available" in recs["away"]["reason"]
 
@@ -151,7 +157,8 @@ def test_every_plugin_kind_and_failure(site):
     # Native exactly where a loaded plugin registered; a failed plugin's registrations were undone.
     cov = result["coverage"]
     native = {(op, dev) for op, cells in cov.items() for dev, state in cells.items() if state == "native"}
-    assert native == {("int8_vectorwise_dequant", "cpu"), ("gemv_4bit.out", "cpu")}
+    loaded = {"int8_vectorwise_dequant", "gemv_4bit.out", "int8_scaled_mm", "int8_mm_dequant"}
+    assert native == {(op, "cpu") for op in loaded}
     assert cov["gemv_4bit"]["cpu"] != "native"  # the default overload is a different dispatcher entry
     assert cov["int8_vectorwise_dequant"]["cuda"] != "native"
 
@@ -194,7 +201,9 @@ def test_selection_parsing(value, expected):
 
 def test_public_names():
     assert bitsandbytes.backends.Backend is Backend
-    assert parse_api_version(API_VERSION) == (1, 1)  # 1.1 added Backend(native_library=...); 1.0 backends still load
+    # 1.1 added Backend(native_library=...), 1.2 bitsandbytes.backends.kit; 1.0 and 1.1 backends still load
+    assert parse_api_version(API_VERSION) == (1, 2)
+    assert bitsandbytes.backends.kit.register is not None
     assert bitsandbytes.features >= {"multi_backend"}
     assert "cpu" in bitsandbytes.supported_torch_devices
 

@@ -117,7 +117,7 @@ EXPECTED_FAILURES = (
     "test_blockwise.py::test_quantize[",
     "test_int8.py::test_linear_matmul[K2048-max]",
     "test_fourbit.py::test_dequantize[",
-    "test_fourbit.py::test_gemv_4bit[",
+    "test_matmul_4bit.py::test_gemv_4bit[",
     "test_optimizers.py::test_steps_match_reference[adam-32-float32]",
 )
 

@@ -547,3 +547,54 @@ def _(
 
 
 OPS: tuple[str, ...] = tuple(SCHEMAS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Results of the ops with an ``.out`` overload: what the functional op allocates is what ``out=`` must be.
+
+
+def _output_of_dequantize_blockwise(A, absmax, code, blocksize, dtype):
+    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
+    return tuple(A.shape), dtype
+
+
+def _output_of_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype):
+    return tuple(check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)), dtype
+
+
+def _output_of_gemv_4bit(A, B, shapeB, absmax, code, blocksize):
+    N, _ = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
+    return (*A.shape[:-1], N), A.dtype
+
+
+def _output_of_int8_linear_matmul(A, B):
+    return tuple(check_int8_linear_matmul(A, B)), torch.int32
+
+
+# op -> f(*the op's arguments) -> (shape, dtype) of its result, after running the op's check. The result
+# is on the device of the op's first argument.
+OUTPUTS = {
+    "dequantize_blockwise": _output_of_dequantize_blockwise,
+    "dequantize_4bit": _output_of_dequantize_4bit,
+    "gemv_4bit": _output_of_gemv_4bit,
+    "int8_linear_matmul": _output_of_int8_linear_matmul,
+}
+
+
+def _argument_names(op: str) -> tuple[str, ...]:
+    name, _, overload = op.partition(".")
+    schema = getattr(getattr(torch.ops, LIB), name)
+    return tuple(a.name for a in getattr(schema, overload or "default")._schema.arguments)
+
+
+# op -> its functional arguments' names, the names ``out=`` errors give the inputs it overlaps.
+_INPUT_NAMES = {op: _argument_names(op) for op in OUTPUTS}
+
+
+def check_out(op: str, args: Sequence, out: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    """The contract of ``<op>.out(*args, out)``: the op's check, then ``out`` of its result's shape, dtype and
+    device, contiguous, sharing no memory with an input. Returns the (shape, dtype) checked."""
+    shape, dtype = OUTPUTS[op](*args)
+    reads = {n: a for n, a in zip(_INPUT_NAMES[op], args, strict=False) if isinstance(a, torch.Tensor)}
+    c.out_tensor(out, shape, dtype, args[0].device, reads=reads)
+    return shape, dtype

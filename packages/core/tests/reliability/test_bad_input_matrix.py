@@ -1,30 +1,16 @@
-"""The bad-input matrix (cases in bad_input_cases.py) on the device ``cpu`` kernels: the reference under
-``BNB_BACKENDS=none``, else the CPU backend's. Each row: a clear exception naming the argument, or the
-documented result; the conftest prints the rows as a table."""
+"""The bad-input matrix's harness (``bitsandbytes.testing.bad_inputs``); its rows run in the conformance
+suite (``conformance/test_bad_inputs.py``) on the device under test."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from bad_input_cases import CASES, OP_NAMES, run
-from matrix_table import record
 
-
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case):
-    record("core (cpu)", case.group, case.name, run(case))
-
-
-def test_matrix_covers_every_op():
-    """Every registered torch.ops.bitsandbytes op is reached by at least one row."""
-    covered = set().union(*(c.ops for c in CASES))
-    assert not OP_NAMES - covered, f"ops without a bad-input row: {sorted(OP_NAMES - covered)}"
+from bitsandbytes.testing.bad_inputs import Raises, local_case, registered_for_cpu, run
 
 
 def test_registered_for_cpu_is_undone():
     """The backends' rows swap their functions in as the cpu kernels; afterwards the previous ones serve again."""
-    from bad_input_cases import registered_for_cpu
-
     A = torch.ones(64)
     before = torch.ops.bitsandbytes.quantize_4bit(A, 64, "nf4", torch.uint8)
     marker = (torch.full((1,), 7, dtype=torch.uint8), torch.zeros(1))
@@ -38,7 +24,6 @@ def test_registered_for_cpu_is_undone():
 def test_a_harness_error_is_never_an_expected_outcome():
     """A backend's harness error (the emulator's EmulationError subclasses RuntimeError) fails a row even
     where the row expects a RuntimeError; without it passed in, the same exception is the expected one."""
-    from bad_input_cases import Raises, local_case
 
     class HarnessError(RuntimeError):
         pass

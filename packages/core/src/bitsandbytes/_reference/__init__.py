@@ -4,7 +4,7 @@ They run on any device and are registered as each op's default kernel, so every 
 before any native kernel exists. Written for clarity, not speed; backends are checked against them.
 """
 
-from . import blockwise, fourbit, int8, optimizers  # noqa: F401  (registration side effects)
+from . import blockwise, fourbit, int8, matmul_4bit, optimizers  # noqa: F401  (registration side effects)
 from ._registry import REFERENCE
 
 __all__ = ["REFERENCE"]

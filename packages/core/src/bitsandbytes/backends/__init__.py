@@ -10,9 +10,13 @@ Environment variables read at ``import bitsandbytes``:
 * ``BNB_BACKENDS=cpu,mps`` loads only the named entry points; ``BNB_BACKENDS=none`` loads none.
 * ``BNB_STRICT_BACKENDS=1`` turns a broken plugin into an import error instead of a warning.
 
+``bitsandbytes.backends.kit`` holds the helpers a backend package is built from (registration, the
+family-module walk, ``.out`` pairs, the emulated test plugin).
+
 ``python -m bitsandbytes`` prints every backend's status and the op x device coverage matrix.
 """
 
+from . import kit
 from .discovery import (
     GROUP,
     RECORDS,
@@ -35,6 +39,7 @@ __all__ = [
     "BackendRecord",
     "MissingBackendWarning",
     "coverage",
+    "kit",
     "load_backends",
     "missing_accelerators",
     "records",

@@ -11,7 +11,7 @@ import torch
 # The plugin API this core implements. A plugin declares the version it was built against; the major
 # must match (a new major means the contract between core and kernels changed incompatibly), a minor
 # only adds. Independent of the package version, which moves on every release.
-API_VERSION = "1.1"  # 1.1: Backend(native_library=...)
+API_VERSION = "1.2"  # 1.1: Backend(native_library=...); 1.2: bitsandbytes.backends.kit
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)$")
 

@@ -103,3 +103,17 @@ def assert_all(mask: torch.Tensor, what: str, values: torch.Tensor | None = None
     idx = tuple(int(i) for i in bad[0])
     shown = f": value {_cpu(values)[idx].item()!r}" if values is not None else ""
     raise AssertionError(f"{what}: {bad.shape[0]} of {m.numel()} elements fail; first at index {idx}{shown}")
+
+
+def matmul_tolerance(A: torch.Tensor, W: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """The allowed |difference| per element of ``A @ W.T`` (the 4-bit matmuls) from ``ref``.
+
+    A kernel may sum the K products in any order, in fp32, and may multiply by the fp32 weight instead
+    of the weight rounded to A's dtype. With ``S = |A| @ |W|.T`` (the sum of the magnitudes of the
+    products) the bound is ``eps(dtype) * (|ref| + 2 S) + 2 sqrt(K) eps(fp32) S``: the final rounding
+    to A's dtype, the rounding of the weight to A's dtype, and fp32 accumulation in another order.
+    """
+    S = A.double().abs() @ W.double().abs().T
+    K = A.shape[-1]
+    eps = torch.finfo(A.dtype).eps
+    return eps * (ref.double().abs() + 2 * S) + 2 * K**0.5 * torch.finfo(torch.float32).eps * S

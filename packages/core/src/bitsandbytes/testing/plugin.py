@@ -5,6 +5,11 @@ A device that torch knows but this machine lacks (``--bnb-device cuda`` on a lap
 that asks for ``bnb_device`` skip, with a reason that names the device and why it is missing, so a
 run can never pass by accident on the wrong hardware. A string torch does not know as a device is a
 usage error (pytest exit code 4), so a typo cannot turn into a silent all-skip.
+
+A plugin that runs kernels under a test harness (e.g. an emulator) implements the hook
+``pytest_bnb_harness_errors(config)``, returning the exception types that harness raises when a kernel
+misbehaves; the ``bnb_harness_errors`` fixture collects them, and the bad-input matrix never counts one
+as an expected outcome, even where it subclasses the expected type.
 """
 
 from __future__ import annotations
@@ -14,8 +19,19 @@ import pytest
 DEFAULT_DEVICE = "cpu"
 
 
+class HookSpecs:
+    @pytest.hookspec
+    def pytest_bnb_harness_errors(self, config: pytest.Config):
+        """Exception types (a tuple) that the harness running the kernels raises when one misbehaves."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(HookSpecs)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("bitsandbytes", "bitsandbytes conformance suite").addoption(
+    group = parser.getgroup("bitsandbytes", "bitsandbytes conformance suite")
+    group.addoption(
         "--bnb-device",
         action="store",
         default=DEFAULT_DEVICE,
@@ -23,6 +39,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DEVICE",
         help="torch device the bitsandbytes conformance suite tests (e.g. cpu, cuda, cuda:1, mps, xpu); "
         f"default {DEFAULT_DEVICE}",
+    )
+    group.addoption(
+        "--bnb-bitexact",
+        action="store_true",
+        default=False,
+        dest="bnb_bitexact",
+        help="the device's optimizer kernels repeat the reference's float32 operations in its order (no FMA "
+        "contraction): their new states must equal the reference's bit for bit (test_optimizers_strict)",
     )
 
 
@@ -87,3 +111,16 @@ def bnb_device(pytestconfig: pytest.Config):
     if reason is not None:
         pytest.skip(reason)
     return device
+
+
+@pytest.fixture(scope="session")
+def bnb_harness_errors(pytestconfig: pytest.Config) -> tuple[type[BaseException], ...]:
+    """The harness errors every loaded plugin declares (``pytest_bnb_harness_errors``); () when none does."""
+    declared = pytestconfig.hook.pytest_bnb_harness_errors(config=pytestconfig)
+    return tuple(error for errors in declared for error in errors)
+
+
+@pytest.fixture(scope="session")
+def bnb_bitexact(pytestconfig: pytest.Config) -> bool:
+    """``--bnb-bitexact``: compare optimizer states bit for bit instead of within tolerances."""
+    return bool(pytestconfig.getoption("bnb_bitexact", False))

@@ -8,9 +8,9 @@ from bitsandbytes._ops import OPS
 from bitsandbytes._reference import REFERENCE
 
 from ..samples import op_overload, samples
-from . import test_blockwise, test_fourbit, test_int8, test_optimizers
+from . import test_blockwise, test_fourbit, test_int8, test_matmul_4bit, test_optimizers
 
-MODULES = (test_blockwise, test_fourbit, test_int8, test_optimizers)
+MODULES = (test_blockwise, test_fourbit, test_int8, test_matmul_4bit, test_optimizers)
 
 
 def test_every_op_has_conformance_tests():

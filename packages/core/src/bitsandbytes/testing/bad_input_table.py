@@ -1,5 +1,5 @@
-"""The bad-input matrix's printed table: rows recorded by the core's and the backends' matrix tests, written
-once in the terminal summary with the counts per backend and per outcome."""
+"""The bad-input matrix's printed table: rows recorded by the conformance suite's and the backends' matrix
+tests, written once in the terminal summary with the counts per backend and per outcome."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""The bad-input matrix's case table, shared by the core's run and the CUDA / MPS backends' runs.
+"""The bad-input matrix: every case is one bad call and what must happen.
 
-Every case is one bad call and what must happen: a clear exception (type, and a message naming the
-argument or key) or the documented result (NaN/Inf policy of docs/pages/formats.md: nothing raises, a
-non-finite value turns its whole block / row non-finite). ``packages/core/tests/reliability/
-test_bad_input_matrix.py`` runs every case on the device ``cpu`` kernels; the backends' ``test_bad_input_*``
-run the cases that reach one of their ops with their emulated kernels registered for ``cpu``, and call
-their kernel functions directly (``direct``). ``matrix_table`` prints every row.
+Either a clear exception (type, and a message naming the argument or key) or the documented result
+(NaN/Inf policy of docs/pages/formats.md: nothing raises, a non-finite value turns its whole block / row
+non-finite). The conformance suite's ``test_bad_inputs`` runs every case on the device under test: the
+cases make their tensors with the default device (``_device()``), which it sets with ``with device:``.
+A backend's own tests can also run the cases that reach one of its ops with its functions registered
+as the ``cpu`` kernels (``registered_for_cpu``, ``backend_params``, ``run_on_backend``), and call them
+directly (``direct``). ``bad_input_table`` prints every row.
 """
 
 from __future__ import annotations
@@ -242,9 +243,15 @@ def run_on_backend(
     return outcome
 
 
+def _device() -> torch.device:
+    """Where the cases make their tensors and modules: the default device (cpu unless a ``with device:``)."""
+    return torch.get_default_device()
+
+
 def _x(*shape, dtype=torch.float32):
+    # Drawn on the CPU, so every device sees the same values.
     g = torch.Generator().manual_seed(0)
-    return torch.randn(*shape, generator=g).to(dtype)
+    return torch.randn(*shape, generator=g, device=_device()).to(dtype).to(_device())
 
 
 def _q4(quant_type="nf4", blocksize=64, shape=(8, 64), dtype=torch.float32):
@@ -1028,58 +1035,68 @@ case("huge (meta)", "int8_linear_matmul 2**16 x 2**16 out", _square, on_device=F
 
 # ---- QuantState.from_dict ------------------------------------------------------------------------------
 case("QuantState.from_dict", "not a dict", Raises(TypeError, "qs_dict"))(
-    lambda: F.QuantState.from_dict([1, 2], device="cpu")
+    lambda: F.QuantState.from_dict([1, 2], device=_device())
 )
 case("QuantState.from_dict", "missing absmax", Raises(ValueError, "absmax"))(
-    lambda: F.QuantState.from_dict(_qs_dict(absmax=_DROP), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(absmax=_DROP), device=_device())
 )
 case("QuantState.from_dict", "missing packed blob", Raises(ValueError, "quant_type|quant_state"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _DROP}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _DROP}), device=_device())
 )
 case("QuantState.from_dict", "extra key", Raises(ValueError, "bogus"))(
-    lambda: F.QuantState.from_dict(_qs_dict(bogus=torch.ones(1)), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(bogus=torch.ones(1)), device=_device())
 )
 case("QuantState.from_dict", "absmax as list", Raises(TypeError, "absmax"))(
-    lambda: F.QuantState.from_dict(_qs_dict(absmax=[1.0] * 8), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(absmax=[1.0] * 8), device=_device())
 )
 case("QuantState.from_dict", "absmax int dtype", Raises(TypeError, "absmax"))(
-    lambda: F.QuantState.from_dict(_qs_dict(absmax=torch.ones(8, dtype=torch.int64)), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(absmax=torch.ones(8, dtype=torch.int64)), device=_device())
 )
 case("QuantState.from_dict", "absmax wrong length", Raises(ValueError, "absmax"))(
-    lambda: F.QuantState.from_dict(_qs_dict(absmax=torch.ones(3)), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(absmax=torch.ones(3)), device=_device())
 )
 case("QuantState.from_dict", "blob not JSON", Raises(ValueError, _PACKED))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob(b"{not json")}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob(b"{not json")}), device=_device())
 )
 case("QuantState.from_dict", "blob not UTF-8", Raises(ValueError, _PACKED))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob(b"\xff\xfe\x00")}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob(b"\xff\xfe\x00")}), device=_device())
 )
 case("QuantState.from_dict", "blob JSON list", Raises((TypeError, ValueError), _PACKED))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob([1, 2])}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob([1, 2])}), device=_device())
 )
 case("QuantState.from_dict", "blob float dtype", Raises((TypeError, ValueError), _PACKED))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob(b"{}").float()}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob(b"{}").float()}), device=_device())
 )
 case("QuantState.from_dict", "blob quant_type mismatch", Raises(ValueError, "quant_type"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "quant_type": "fp4"})}), device="cpu")
+    lambda: F.QuantState.from_dict(
+        _qs_dict(**{_PACKED: _blob({**_packed_items(), "quant_type": "fp4"})}), device=_device()
+    )
 )
 case("QuantState.from_dict", "blob blocksize 'x'", Raises((TypeError, ValueError), "blocksize"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "blocksize": "x"})}), device="cpu")
+    lambda: F.QuantState.from_dict(
+        _qs_dict(**{_PACKED: _blob({**_packed_items(), "blocksize": "x"})}), device=_device()
+    )
 )
 case("QuantState.from_dict", "blob blocksize 100", Raises(ValueError, "blocksize"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "blocksize": 100})}), device="cpu")
+    lambda: F.QuantState.from_dict(
+        _qs_dict(**{_PACKED: _blob({**_packed_items(), "blocksize": 100})}), device=_device()
+    )
 )
 case("QuantState.from_dict", "blob dtype 'float99'", Raises((TypeError, ValueError), "dtype"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "dtype": "float99"})}), device="cpu")
+    lambda: F.QuantState.from_dict(
+        _qs_dict(**{_PACKED: _blob({**_packed_items(), "dtype": "float99"})}), device=_device()
+    )
 )
 case("QuantState.from_dict", "blob shape negative", Raises(ValueError, "shape"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "shape": [-8, 64]})}), device="cpu")
+    lambda: F.QuantState.from_dict(
+        _qs_dict(**{_PACKED: _blob({**_packed_items(), "shape": [-8, 64]})}), device=_device()
+    )
 )
 case("QuantState.from_dict", "blob shape strings", Raises((TypeError, ValueError), "shape"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "shape": ["a"]})}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "shape": ["a"]})}), device=_device())
 )
 case("QuantState.from_dict", "blob extra key", Raises(ValueError, "evil"))(
-    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "evil": 1})}), device="cpu")
+    lambda: F.QuantState.from_dict(_qs_dict(**{_PACKED: _blob({**_packed_items(), "evil": 1})}), device=_device())
 )
 case("QuantState.from_dict", "bad device", Raises(TypeError, "device"))(
     lambda: F.QuantState.from_dict(_qs_dict(), device=3.5)
@@ -1109,10 +1126,10 @@ case("Linear4bit", "forward before quantization", Raises(RuntimeError, "weight i
     lambda: bnb.nn.Linear4bit(64, 16)(_x(2, 64))
 )
 case("Linear4bit", "forward wrong feature dim", Raises(ValueError, r"\bA\b"), via=("gemv_4bit", "gemm_4bit"))(
-    lambda: bnb.nn.Linear4bit(64, 16).to("cpu")(_x(2, 32))
+    lambda: bnb.nn.Linear4bit(64, 16).to(_device())(_x(2, 32))
 )
 case("Linear4bit", "forward on meta input", Raises(ValueError, "input is on meta"))(
-    lambda: bnb.nn.Linear4bit(64, 16).to("cpu")(_x(2, 64).to(META))
+    lambda: bnb.nn.Linear4bit(64, 16).to(_device())(_x(2, 64).to(META))
 )
 case(
     "Linear8bitLt",
@@ -1121,7 +1138,7 @@ case(
     via=("int8_vectorwise_quant", "int8_linear_matmul", "int8_scaled_mm"),
 )(lambda: bnb.nn.Linear8bitLt(64, 16, has_fp16_weights=False)(_x(2, 32)))
 case("Params4bit", "blocksize 100", Raises(ValueError, "blocksize"))(
-    lambda: bnb.nn.Params4bit(_x(16, 64), requires_grad=False, blocksize=100)._quantize("cpu")
+    lambda: bnb.nn.Params4bit(_x(16, 64), requires_grad=False, blocksize=100)._quantize(_device())
 )
 case("Embedding4bit", "quant_type 'nf5'", Raises(ValueError, "quant_type"))(
     lambda: bnb.nn.Embedding4bit(10, 64, quant_type="nf5")
@@ -1162,14 +1179,14 @@ case("Linear4bit", "quant_storage int64", Raises(TypeError, "quant_storage"))(
     lambda: bnb.nn.Linear4bit(64, 16, quant_storage=torch.int64)
 )
 case("Linear8bitLt", "forward on meta input", Raises(ValueError, "device"))(
-    lambda: bnb.nn.Linear8bitLt(64, 16, has_fp16_weights=False).to("cpu")(_x(2, 64).to(META))
+    lambda: bnb.nn.Linear8bitLt(64, 16, has_fp16_weights=False).to(_device())(_x(2, 64).to(META))
 )
 case("Embedding4bit", "float indices", Raises(TypeError, "indices"))(
-    lambda: bnb.nn.Embedding4bit(10, 64).to("cpu")(torch.ones(3))
+    lambda: bnb.nn.Embedding4bit(10, 64).to(_device())(torch.ones(3))
 )
 # Same contract as torch.nn.Embedding: an index past the table is an IndexError, never a read past the end.
 case("Embedding4bit", "index past the table", Raises(IndexError, "out of range"))(
-    lambda: bnb.nn.Embedding4bit(10, 64).to("cpu")(torch.tensor([11]))
+    lambda: bnb.nn.Embedding4bit(10, 64).to(_device())(torch.tensor([11]))
 )
 case("Embedding", "index past the table", Raises(IndexError, "out of range"))(
     lambda: bnb.nn.Embedding(10, 64)(torch.tensor([11]))
