@@ -22,7 +22,7 @@ import bitsandbytes.functional as F
 import bitsandbytes_emu as emu
 from bitsandbytes import _formats, cextension
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes.testing.compare import matmul_tolerance
 from bitsandbytes_cuda import upstream_api
 from bitsandbytes_cuda.ops import blockwise as quant_ops
 from bitsandbytes_cuda.ops import matmul_4bit as matmul_ops

@@ -25,7 +25,7 @@ import torch
 
 from bitsandbytes import _formats
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes.testing.compare import matmul_tolerance
 from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import matmul_4bit as ops
 from bitsandbytes_cuda.ops._common import suffix

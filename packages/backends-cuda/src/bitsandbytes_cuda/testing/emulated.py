@@ -7,6 +7,8 @@ conformance cases of ``--device cpu`` run the real kernel sources ("emulated cud
 implementation keep whatever ``cpu`` kernel they had: the reference under ``BNB_BACKENDS=none``.
 ``bitsandbytes.functional.lib`` becomes the kernel library's upstream C entry points built in the
 emulator (``upstream_api.emulated_library``, compiled at its first use), taking CPU tensors' pointers.
+An emulated out-of-bounds access, race or deadlock (``EmulationError``) fails a bad-input row, whatever
+the row expects (``pytest_bnb_harness_errors``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from bitsandbytes.backends import kit
 
 from .. import launch, ops, upstream_api
 
-__all__ = ["pytest_configure", "pytest_report_header"]
+__all__ = ["pytest_bnb_harness_errors", "pytest_configure", "pytest_report_header"]
 
 
 def _enable() -> dict:
@@ -30,3 +32,9 @@ _plugin = kit.emulated_plugin(
     __name__, "cuda", "CUDA", unavailable_reason=lambda: launch.emulator().unavailable_reason(), enable=_enable
 )
 pytest_configure, pytest_report_header = _plugin.pytest_configure, _plugin.pytest_report_header
+
+
+def pytest_bnb_harness_errors(config) -> tuple[type[BaseException], ...]:
+    from bitsandbytes_emu.errors import EmulationError
+
+    return (EmulationError,)
