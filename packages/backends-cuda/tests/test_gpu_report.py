@@ -310,35 +310,36 @@ def test_execute_gives_each_step_no_more_than_the_budget_leaves(tmp_path):
 
 
 class _Session:
-    """Enough of nox.Session for tests-cuda: records commands and installs, fails the ones ``fail`` names."""
+    """Enough of nox.Session for tests-cuda: records commands and installs, fails the ones ``fail`` names;
+    ``error`` records its message and raises it as a RuntimeError, ``warn`` records, ``log`` drops."""
 
     def __init__(self, tmp: Path, fail: str):
         self.tmp, self.fail, self.posargs, self.commands, self.installs = tmp, fail, [], [], []
         self.virtualenv = None
 
-    def install(self, *args, **kwargs):
+    def _did(self, record: list, args: tuple) -> None:
         import nox.command
 
-        self.installs.append(args)
+        record.append(args)
         if self.fail in args:
             raise nox.command.CommandFailed("Returned code 1", return_code=1)
+
+    def install(self, *args, **kwargs):
+        self._did(self.installs, args)
+
+    def run(self, *args, **kwargs):
+        self._did(self.commands, args)
+        return True
 
     def create_tmp(self):
         return str(self.tmp)
-
-    def run(self, *args, env=None, silent=False, **kwargs):
-        import nox.command
-
-        self.commands.append(args)
-        if self.fail in args:
-            raise nox.command.CommandFailed("Returned code 1", return_code=1)
-        return True
 
     def warn(self, message):
         self.commands.append(("warn", message))
 
     def error(self, message):
-        self.commands.append(("error", message))
+        self.warn(message)
+        self.commands[-1] = ("error", message)
         raise RuntimeError(message)
 
     def log(self, message):

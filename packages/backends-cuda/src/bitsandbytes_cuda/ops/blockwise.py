@@ -40,6 +40,11 @@ def dequantize_geometry(n: int) -> tuple[int, int]:
     return max(1, min(MAX_GRID, _checks.n_blocks(n, THREADS * ITEMS_PER_THREAD))), THREADS
 
 
+def absmax_for(A: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """The float32 absmax a quantizer of A writes, one per block (the last one short), on A's device."""
+    return torch.empty(_checks.n_blocks(A.numel(), blocksize), dtype=torch.float32, device=A.device)
+
+
 def sorted_code_map(code: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 8-bit map's float32 midpoints in value order (256; the last unused) and each sorted slot's code."""
     mids = torch.empty(256, dtype=torch.float32, device=code.device)
@@ -53,8 +58,7 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
     if blocksize not in _checks.BLOCKSIZES:  # the launch geometry covers powers of two in [32, 4096] only
         return REFERENCE["quantize_blockwise"](A, code, blocksize)
     n = A.numel()
-    out = torch.empty(A.shape, dtype=torch.uint8, device=A.device)
-    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    out, absmax = torch.empty(A.shape, dtype=torch.uint8, device=A.device), absmax_for(A, blocksize)
     if n:
         mids, order = sorted_code_map(code)
         grid, threads = quantize_geometry(n, blocksize)

@@ -14,7 +14,7 @@ from bitsandbytes.backends import kit
 
 from ..launch import launch
 from ._common import suffix
-from .blockwise import dequantize_geometry, quantize_geometry
+from .blockwise import absmax_for, dequantize_geometry, quantize_geometry
 
 
 def quantize_4bit(
@@ -24,7 +24,7 @@ def quantize_4bit(
     n = A.numel()
     # The kernel writes bytes; quant_storage is only a view of them.
     packed = torch.empty(_checks.packed_4bit_bytes(n), dtype=torch.uint8, device=A.device)
-    absmax = torch.empty(_checks.n_blocks(n, blocksize), dtype=torch.float32, device=A.device)
+    absmax = absmax_for(A, blocksize)
     if n:
         grid, threads = quantize_geometry(n, blocksize)
         name = f"quantize_4bit_{quant_type}_{suffix(A.dtype)}"

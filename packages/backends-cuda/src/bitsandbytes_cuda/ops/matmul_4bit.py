@@ -17,7 +17,7 @@ every kernel where it loads a scale: no pass over the scales, no extra launch.
 
 from __future__ import annotations
 
-from math import prod
+import functools
 
 import torch
 
@@ -106,7 +106,6 @@ MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
 # Per device: (SIMT rows, tensor-core rows by waves, dtypes with tensor cores, SMs), looked up once.
 _DEVICES: dict[torch.device, tuple[int, tuple, frozenset, int]] = {}
-_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
@@ -171,12 +170,9 @@ def tc_splits(groups: int, chunks: int, M: int, K: int, sms: int) -> tuple[int, 
     return -(-chunks // per), per
 
 
+@functools.cache
 def _table(quant_type: str, device: torch.device) -> torch.Tensor:
-    key = (quant_type, device)
-    t = _TABLES.get(key)
-    if t is None:
-        t = _TABLES[key] = _formats.code_table(quant_type, device).float().contiguous()
-    return t
+    return _formats.code_table(quant_type, device).float().contiguous()  # made once per device, off the hot path
 
 
 def _bytes(B: torch.Tensor) -> torch.Tensor:
@@ -258,12 +254,12 @@ def dequantize_weight(Bb, N, K, scales, code, blocksize, dtype) -> torch.Tensor:
 
 def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation."""
-    M = A.numel() // K if K else prod(A.shape[:-1])
-    if M == 0 or N == 0:
+    if out.numel() == 0:  # no rows or no columns
         return
-    if K == 0:
-        out.copy_(bias.expand_as(out) if bias is not None else torch.zeros_like(out))
+    if K == 0:  # every entry an empty sum: the bias, or zero
+        out.zero_() if bias is None else out.copy_(bias.expand_as(out))
         return
+    M = A.numel() // K
     A = A.contiguous()
     Bb = _bytes(B)
     bias = bias.contiguous() if bias is not None else None
