@@ -8,7 +8,7 @@
 // absmax reduction and the coding. blockDim.x = max(256, blocksize / kItems); the grid strides over
 // rounds of blockDim.x / group blocks. Dequantizers: each thread writes kItems consecutive values; any
 // blockDim.x >= 32 (256 expected); the grid strides.
-#include "blockwise.cuh"
+#include "block_quant.cuh"
 
 namespace bnb_quant {
 

@@ -1,8 +1,8 @@
 // The fourbit family: 4-bit NF4/FP4 blockwise quantization with the tables of formats.h.
 // Semantics (the contract): bitsandbytes/_reference/fourbit.py. The kernels reuse the 8-bit family's block
-// machinery (blockwise.cuh) and its launch geometry: the constraints stated at the top of blockwise.cu,
+// machinery (block_quant.cuh) and its launch geometry: the constraints stated at the top of blockwise.cu,
 // computed in bitsandbytes_cuda/ops/blockwise.py.
-#include "blockwise.cuh"
+#include "block_quant.cuh"
 
 namespace bnb_quant {
 

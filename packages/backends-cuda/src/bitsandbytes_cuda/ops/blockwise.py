@@ -17,7 +17,7 @@ from bitsandbytes.backends import kit
 from ..launch import launch
 from ._common import suffix
 
-# Values per thread in the blockwise and fourbit kernels (kItems in blockwise.cuh).
+# Values per thread in the blockwise and fourbit kernels (kItems in block_quant.cuh).
 ITEMS_PER_THREAD = 8
 # Threads per block of the dequantizers, and the least per block of the quantizers.
 THREADS = 256
