@@ -7,7 +7,7 @@
 #include "array.h"
 #include "bindings.h"
 #include "isa.h"
-#include "kernels/gemv_4bit.h"
+#include "kernels/matmul_4bit.h"
 
 namespace bnb {
 namespace {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -55,7 +56,10 @@ inline int sweep_keys(NearestCode& m, int shift, uint32_t floor_bits, bool fill,
 inline void build_nearest_code(const float* code, NearestCode& m) {
   int idx[256];
   std::iota(idx, idx + 256, 0);
-  std::stable_sort(idx, idx + 256, [&](int a, int b) { return code[a] < code[b]; });
+  // NaN after every number, as torch.sort/argsort order it (the reference's order); a plain `<` is not
+  // a strict weak order once a user's map holds NaN, and std::stable_sort's result is then undefined.
+  std::stable_sort(idx, idx + 256,
+                   [&](int a, int b) { return !std::isnan(code[a]) && (std::isnan(code[b]) || code[a] < code[b]); });
   m.identity = true;
   for (int i = 0; i < 256; ++i) {
     m.order[i] = idx[i];

@@ -136,3 +136,32 @@ def test_suite_catches_a_broken_backend(tmp_path):
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
     for fragment in EXPECTED_FAILURES:
         assert any(fragment in line for line in failed), f"the suite did not catch the broken kernel: {fragment}"
+
+
+HARNESS_PLUGIN = """
+class HarnessError(RuntimeError):
+    pass
+
+def pytest_bnb_harness_errors(config):
+    return (HarnessError,)
+"""
+
+HARNESS_TEST = """
+import harness_plugin
+
+def test_declared(bnb_harness_errors):
+    assert bnb_harness_errors == (harness_plugin.HarnessError,)
+"""
+
+
+def test_a_plugin_declares_its_harness_errors(tmp_path):
+    """The bad-input matrix learns a harness's exceptions from the pytest_bnb_harness_errors hook."""
+    (tmp_path / "harness_plugin.py").write_text(HARNESS_PLUGIN)
+    (tmp_path / "test_harness.py").write_text(HARNESS_TEST)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # the plugin loads by entry point
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "harness_plugin", "-p", "no:cacheprovider", "test_harness.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -8,9 +8,8 @@ module must register nothing: a backend the core rejects then leaves no trace in
 from __future__ import annotations
 
 import numpy
-import torch
 
-from bitsandbytes.backends import Backend
+from bitsandbytes.backends import Backend, kit
 
 from .kernels import KERNELS
 
@@ -26,7 +25,7 @@ class TemplateBackend(Backend):
     def __init__(self) -> None:
         # api_version: the plugin API this code was written against, as a literal. Copying the core's
         # bitsandbytes.backends.API_VERSION instead would defeat the check that protects users.
-        super().__init__("template", DEVICE_TYPES, api_version="1.0")
+        super().__init__("template", DEVICE_TYPES, api_version="1.2")
 
     def is_available(self) -> bool:
         # False skips the backend quietly (the ops keep running on the reference kernels). An
@@ -35,12 +34,12 @@ class TemplateBackend(Backend):
         return True
 
     def load(self) -> None:
-        for (op, device_type), kernel in KERNELS.items():
-            torch.library.register_kernel(f"bitsandbytes::{op}", device_type)(kernel)
+        # Idempotent; python -m bitsandbytes reads what it registered back from the dispatcher.
+        kit.register(KERNELS, "cpu")
 
     def diagnostics(self) -> dict:
         # Printed by `python -m bitsandbytes`; what a bug report about this backend needs.
-        return {"version": __version__, "kernels": ", ".join(op for op, _ in KERNELS), "numpy": numpy.__version__}
+        return {"version": __version__, "kernels": ", ".join(KERNELS), "numpy": numpy.__version__}
 
 
 backend = TemplateBackend()

@@ -28,6 +28,8 @@ def _load() -> None:
 def _diagnostics() -> dict:
     import torch
 
+    from bitsandbytes.backends import dispatch
+
     from . import _C, ops
 
     return {
@@ -36,8 +38,8 @@ def _diagnostics() -> dict:
         "supported isas": ", ".join(_C.supported_isas()),
         "compiled isas": ", ".join(_C.compiled_isas()),
         "threads (torch.get_num_threads)": torch.get_num_threads(),
-        "native ops": len(ops.REGISTERED),
+        "native ops": sum(dispatch.has_kernel(op, "CPU") for op in ops.all_ops()),
     }
 
 
-backend = Backend("cpu", ["cpu"], api_version="1.0", load=_load, diagnostics=_diagnostics)
+backend = Backend("cpu", ["cpu"], api_version="1.2", load=_load, diagnostics=_diagnostics)

@@ -20,8 +20,8 @@
 
 #include "kernels/blockwise.h"
 #include "kernels/fourbit.h"
-#include "kernels/gemv_4bit.h"
 #include "kernels/int8.h"
+#include "kernels/matmul_4bit.h"
 #include "kernels/optimizers.h"
 #include "nearest_code_build.h"
 

@@ -62,8 +62,11 @@ def _handout(buf: torch.Tensor, shape) -> torch.Tensor:
     return torch.empty(0, dtype=buf.dtype).set_(buf.untyped_storage(), 0, tuple(shape))
 
 
-def empty(shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype)``, from a cached buffer when one of that size is free."""
+def empty(
+    shape: tuple[int, ...] | list[int] | torch.Size, dtype: torch.dtype, device: torch.device | None = None
+) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype)``, from a cached buffer when one of that size is free. ``device``
+    (the allocator signature of ``kit.out_pair``) is the cpu."""
     global _held
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize

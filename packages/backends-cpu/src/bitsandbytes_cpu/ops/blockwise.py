@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from bitsandbytes import _checks
-from bitsandbytes._ops import check_dequantize_blockwise, check_quantize_blockwise
+from bitsandbytes._ops import check_quantize_blockwise
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes.backends import kit
 
 from .. import _C
 from . import _outputs
-from ._register import cpu_kernel, threads
+from ._threads import threads
 
 
 def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,29 +25,16 @@ def quantize_blockwise(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> t
     return out, absmax
 
 
-def _dequantize_into(A, absmax, code, blocksize, out) -> None:
+def _dequantize_into(A, absmax, code, blocksize, dtype, out) -> None:
     if A.numel():
         _C.dequantize_blockwise(A.contiguous(), absmax.contiguous(), code.contiguous(), blocksize, out, threads())
 
 
-def dequantize_blockwise(A, absmax, code, blocksize, dtype) -> torch.Tensor:
-    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    if blocksize not in _checks.BLOCKSIZES:
-        return REFERENCE["dequantize_blockwise"](A, absmax, code, blocksize, dtype)
-    out = _outputs.empty(A.shape, dtype)
-    _dequantize_into(A, absmax, code, blocksize, out)
-    return out
+def _native(A, absmax, code, blocksize, dtype) -> bool:
+    return blocksize in _checks.BLOCKSIZES
 
 
-def dequantize_blockwise_out(A, absmax, code, blocksize, dtype, out) -> None:
-    check_dequantize_blockwise(A, absmax, code, blocksize, dtype)
-    _checks.out_tensor(out, A.shape, dtype, A.device, reads={"A": A, "absmax": absmax, "code": code})
-    if blocksize not in _checks.BLOCKSIZES:
-        return REFERENCE["dequantize_blockwise.out"](A, absmax, code, blocksize, dtype, out)
-    _dequantize_into(A, absmax, code, blocksize, out)
+_DEQUANTIZE = kit.out_pair("dequantize_blockwise", _dequantize_into, empty=_outputs.empty, native=_native)
+dequantize_blockwise, dequantize_blockwise_out = _DEQUANTIZE.values()
 
-
-def register() -> None:
-    cpu_kernel("quantize_blockwise", quantize_blockwise)
-    cpu_kernel("dequantize_blockwise", dequantize_blockwise)
-    cpu_kernel("dequantize_blockwise.out", dequantize_blockwise_out)
+OPS = {"quantize_blockwise": quantize_blockwise, **_DEQUANTIZE}

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_dequantize_4bit, check_quantize_4bit
+from bitsandbytes._ops import check_quantize_4bit
+from bitsandbytes.backends import kit
 
 from .. import _C
 from . import _outputs
-from ._register import cpu_kernel, threads
+from ._threads import threads
 
 
 def quantize_4bit(
@@ -32,35 +31,13 @@ def _bytes(A: torch.Tensor) -> torch.Tensor:
     return A.contiguous().reshape(-1).view(torch.uint8)
 
 
-def _dequantize_into(A, absmax, blocksize, quant_type, out) -> None:
+def _dequantize_into(A, absmax, blocksize, quant_type, shape, dtype, out: torch.Tensor) -> None:
     if out.numel():
         _C.dequantize_4bit(_bytes(A), absmax.contiguous(), quant_type, blocksize, out, threads())
 
 
-def dequantize_4bit(
-    A: torch.Tensor, absmax: torch.Tensor, blocksize: int, quant_type: str, shape: Sequence[int], dtype: torch.dtype
-) -> torch.Tensor:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    out = _outputs.empty(dims, dtype)
-    _dequantize_into(A, absmax, blocksize, quant_type, out)
-    return out
+# dequantize_4bit and its .out overload; the fresh result reuses a dropped one's memory (_outputs).
+_DEQUANTIZE = kit.out_pair("dequantize_4bit", _dequantize_into, empty=_outputs.empty)
+dequantize_4bit, dequantize_4bit_out = _DEQUANTIZE.values()
 
-
-def dequantize_4bit_out(
-    A: torch.Tensor,
-    absmax: torch.Tensor,
-    blocksize: int,
-    quant_type: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    out: torch.Tensor,
-) -> None:
-    dims = check_dequantize_4bit(A, absmax, blocksize, quant_type, shape, dtype)
-    _checks.out_tensor(out, dims, dtype, A.device, reads={"A": A, "absmax": absmax})
-    _dequantize_into(A, absmax, blocksize, quant_type, out)
-
-
-def register() -> None:
-    cpu_kernel("quantize_4bit", quantize_4bit)
-    cpu_kernel("dequantize_4bit", dequantize_4bit)
-    cpu_kernel("dequantize_4bit.out", dequantize_4bit_out)
+OPS = {"quantize_4bit": quantize_4bit, **_DEQUANTIZE}

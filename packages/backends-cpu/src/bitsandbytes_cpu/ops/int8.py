@@ -6,19 +6,18 @@ from math import prod
 
 import torch
 
-from bitsandbytes import _checks
 from bitsandbytes._ops import (
     check_int8_double_quant,
-    check_int8_linear_matmul,
     check_int8_mixed_scaled_mm,
     check_int8_mm_dequant,
     check_int8_scaled_mm,
     check_int8_vectorwise_dequant,
     check_int8_vectorwise_quant,
 )
+from bitsandbytes.backends import kit
 
 from .. import _C
-from ._register import cpu_kernel, threads
+from ._threads import threads
 
 
 def _rows(A: torch.Tensor) -> int:
@@ -58,15 +57,12 @@ def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tenso
     return out
 
 
-def int8_linear_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(check_int8_linear_matmul(A, B), dtype=torch.int32)
+def _linear_matmul_into(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
     _C.int8_linear_matmul(A.contiguous(), B.contiguous(), out, threads())
-    return out
 
 
-def int8_linear_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-    _checks.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device, reads={"A": A, "B": B})
-    _C.int8_linear_matmul(A.contiguous(), B.contiguous(), out, threads())
+_LINEAR_MATMUL = kit.out_pair("int8_linear_matmul", _linear_matmul_into)
+int8_linear_matmul, int8_linear_matmul_out = _LINEAR_MATMUL.values()
 
 
 def int8_mm_dequant(A, row_stats, col_stats, dtype=None, bias=None) -> torch.Tensor:
@@ -115,12 +111,12 @@ def int8_double_quant(A: torch.Tensor, threshold: float = 0.0):
     return row_codes, col_codes, row_stats, col_stats, outlier_cols
 
 
-def register() -> None:
-    cpu_kernel("int8_vectorwise_quant", int8_vectorwise_quant)
-    cpu_kernel("int8_vectorwise_dequant", int8_vectorwise_dequant)
-    cpu_kernel("int8_linear_matmul", int8_linear_matmul)
-    cpu_kernel("int8_linear_matmul.out", int8_linear_matmul_out)
-    cpu_kernel("int8_mm_dequant", int8_mm_dequant)
-    cpu_kernel("int8_scaled_mm", int8_scaled_mm)
-    cpu_kernel("int8_mixed_scaled_mm", int8_mixed_scaled_mm)
-    cpu_kernel("int8_double_quant", int8_double_quant)
+OPS = {
+    "int8_vectorwise_quant": int8_vectorwise_quant,
+    "int8_vectorwise_dequant": int8_vectorwise_dequant,
+    **_LINEAR_MATMUL,
+    "int8_mm_dequant": int8_mm_dequant,
+    "int8_scaled_mm": int8_scaled_mm,
+    "int8_mixed_scaled_mm": int8_mixed_scaled_mm,
+    "int8_double_quant": int8_double_quant,
+}

@@ -16,11 +16,12 @@ import threading
 
 import torch
 
-from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
+from bitsandbytes import _formats
+from bitsandbytes._ops import check_gemm_4bit
+from bitsandbytes.backends import kit
 
 from .. import _C
-from ._register import cpu_kernel, threads
+from ._threads import threads
 
 # Rows of A up to which the fused kernel is used; above it, dequantize + torch GEMM. Measured on
 # AVX-512 (+BF16): the fused kernel's cost grows linearly in rows, torch's GEMM stays nearly flat, and
@@ -164,19 +165,13 @@ def _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
         out2[:, n0:n1] = torch.nn.functional.linear(A2, Wt, None if bias is None else bias[n0:n1])
 
 
-def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype)
+def _gemv_into(A, B, shapeB, absmax, code, blocksize, out) -> None:
+    N, K = shapeB
     _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
-    return out
 
 
-def gemv_4bit_out(A, B, shapeB, absmax, code, blocksize, out) -> None:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(
-        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
-    )
-    _matmul_into(A, B, N, K, absmax, code.contiguous(), blocksize, None, out)
+_GEMV = kit.out_pair("gemv_4bit", _gemv_into)
+gemv_4bit, gemv_4bit_out = _GEMV.values()
 
 
 def _effective_absmax(absmax, absmax_8bit, absmax_code, absmax_offset) -> torch.Tensor:
@@ -212,7 +207,4 @@ def gemm_4bit(
     return out
 
 
-def register() -> None:
-    cpu_kernel("gemv_4bit", gemv_4bit)
-    cpu_kernel("gemv_4bit.out", gemv_4bit_out)
-    cpu_kernel("gemm_4bit", gemm_4bit)
+OPS = {**_GEMV, "gemm_4bit": gemm_4bit}

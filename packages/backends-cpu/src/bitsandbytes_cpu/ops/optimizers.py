@@ -16,7 +16,7 @@ from bitsandbytes._ops import (
 )
 
 from .. import _C
-from ._register import cpu_kernel, threads
+from ._threads import threads
 
 
 @torch.no_grad()
@@ -96,6 +96,7 @@ def optimizer_update_8bit_blockwise(
         absmax2.copy_(a2)
 
 
-def register() -> None:
-    cpu_kernel("optimizer_update_32bit", optimizer_update_32bit)
-    cpu_kernel("optimizer_update_8bit_blockwise", optimizer_update_8bit_blockwise)
+OPS = {
+    "optimizer_update_32bit": optimizer_update_32bit,
+    "optimizer_update_8bit_blockwise": optimizer_update_8bit_blockwise,
+}

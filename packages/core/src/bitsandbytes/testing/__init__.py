@@ -4,5 +4,7 @@ Run it against one device with ``python -m bitsandbytes.testing --device cuda`` 
 ``pytest --pyargs bitsandbytes.testing --bnb-device cuda``); a device missing here is a skip that
 names it. Reusable pieces for a backend's own tests: ``cases`` (inputs), ``compare`` (comparisons
 that report the first mismatch), ``samples`` (representative arguments for every op, e.g. for
-``torch.library.opcheck``). What is compared how is described in ``conformance/__init__.py``.
+``torch.library.opcheck``), ``bad_inputs`` (the bad-input matrix: bad calls and what each must do, with
+helpers to run them on a backend's functions). What is compared how is described in
+``conformance/__init__.py``; ``--bnb-bitexact`` makes the optimizer edge cases compare states bit for bit.
 """

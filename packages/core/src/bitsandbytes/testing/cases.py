@@ -28,6 +28,7 @@ __all__ = [
     "code_table_4bit",
     "dtype_id",
     "empty_shapes",
+    "on_midpoints",
     "randn",
     "seed_of",
     "shapes_for_blocksize",
@@ -132,3 +133,18 @@ def unpack_4bit(packed: torch.Tensor, n: int) -> torch.Tensor:
     raw = packed.detach().cpu().contiguous().view(-1).view(torch.uint8).long()
     codes = torch.stack([raw >> 4, raw & 0xF], dim=1).reshape(-1)
     return codes[:n]
+
+
+def on_midpoints(mids: torch.Tensor, blocksize: int, absmax: float) -> torch.Tensor:
+    """A full block and a short last block whose values are ``mids * absmax`` (after a first value of
+    ``absmax``). Scaled by the full-block rule (multiply by ``1 / absmax``) or the last-block rule (divide
+    by ``absmax``), a value lands on its midpoint (a tie) or one ulp off it depending on the rule, so each
+    block checks that a kernel scales it by its own rule."""
+    block = torch.cat([torch.tensor([absmax]), mids * absmax])
+    block = torch.cat([block, torch.zeros(blocksize - block.numel())])
+    a = torch.tensor(absmax)
+    x = mids * absmax
+    multiply, divide = x * (1.0 / a) == mids, x / a == mids
+    if not ((multiply & ~divide).any() and (divide & ~multiply).any()):
+        raise ValueError(f"absmax {absmax}: each scaling rule must make ties the other does not")
+    return torch.cat([block, block[: mids.numel()]])

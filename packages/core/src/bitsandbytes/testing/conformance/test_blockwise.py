@@ -20,13 +20,14 @@ from ..cases import (
     blockwise_cases,
     dtype_id,
     empty_shapes,
+    on_midpoints,
     randn,
     seed_of,
     to,
     with_nonfinite,
     with_zero_block,
 )
-from ..compare import assert_all, assert_close, assert_equal
+from ..compare import assert_all, assert_close, assert_equal, assert_equal_up_to_nan_payload
 from ..samples import op_overload
 
 OPS_TESTED = ("quantize_blockwise", "dequantize_blockwise", "dequantize_blockwise.out")
@@ -187,3 +188,53 @@ def test_nonfinite_input(bnb_device, code, dtype, value):
     out, _ = dequantize(q, absmax, code, blocksize, dtype, bnb_device)
     assert_all(~out[bad].isfinite(), "the block dequantizes to non-finite values", out[bad])
     assert_all(out[keep.to(out.device)].isfinite(), "the other blocks stay finite", out)
+
+
+# Edge cases of the nearest-code search and of the scaling rules (the backends' kernels once differed on
+# each): every result is compared with the reference's bytes; only a NaN's payload is free.
+
+
+def check_blockwise(A, code, blocksize, device):
+    q, absmax, rq, rabsmax = quantize(A, code, blocksize, device)
+    assert_equal(q, rq, "codes vs reference")
+    assert_equal_up_to_nan_payload(absmax, rabsmax, "absmax vs reference")
+    out, ref = dequantize(q, absmax, code, blocksize, A.dtype, device)
+    assert_equal_up_to_nan_payload(out, ref, "dequantized values vs reference")
+
+
+def test_full_blocks_multiply_the_last_block_divides(bnb_device, code):
+    by_value = code.sort().values
+    check_blockwise(on_midpoints((by_value[:-1] + by_value[1:]) / 2, 256, 7.0), code, 256, bnb_device)
+
+
+def test_unsorted_map_with_duplicates(bnb_device, code):
+    """The map is searched in its stable sort: any order, equal entries go to the lowest index."""
+    g = torch.Generator().manual_seed(7)
+    shuffled = code[torch.randperm(256, generator=g)].clone()
+    shuffled[10] = shuffled[200]  # a duplicated value
+    shuffled[3] = -0.0
+    check_blockwise(randn((5 * 128 + 9,), torch.float32, seed_of("unsorted")), shuffled, 128, bnb_device)
+
+
+def test_unsigned_and_linear_maps(bnb_device):
+    A = randn((2 * 64 + 3,), torch.float16, seed_of("maps"))
+    check_blockwise(A.abs(), functional.create_dynamic_map(signed=False).float(), 64, bnb_device)
+    check_blockwise(A, torch.linspace(-1, 1, 256), 64, bnb_device)
+
+
+@pytest.mark.parametrize("nan_at", [0, 5, 200, 255])
+def test_map_with_a_nan_entry(bnb_device, code, nan_at):
+    """A NaN map entry sorts after every number, and the midpoints next to it are searched as the
+    reference's bucketize searches them (it goes right at a NaN boundary)."""
+    with_nan = code.clone()
+    with_nan[nan_at] = float("nan")
+    A = randn((16 * 256 + 77,), torch.float32, seed_of("nan map", nan_at))
+    A[7] = float("nan")
+    check_blockwise(A, with_nan, 256, bnb_device)
+
+
+@pytest.mark.parametrize("value", NONFINITE, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_nonfinite_in_the_short_last_block(bnb_device, code, dtype, value):
+    A = with_nonfinite(randn((3 * 64 + 5,), dtype, seed_of("nf8", dtype, value)), 64, value)
+    check_blockwise(with_nonfinite(A, 64, value, block=3, offset=2), code, 64, bnb_device)

@@ -23,6 +23,7 @@ from ..cases import (
     code_table_4bit,
     dtype_id,
     empty_shapes,
+    on_midpoints,
     randn,
     seed_of,
     shapes_for_blocksize,
@@ -35,6 +36,7 @@ from ..compare import (
     assert_all,
     assert_close,
     assert_equal,
+    assert_equal_up_to_nan_payload,
     matmul_tolerance,  # noqa: F401  (backends' tests import it from here)
 )
 from ..samples import op_overload
@@ -176,3 +178,44 @@ def test_nonfinite_input(bnb_device, quant_type, value):
         torch.float16,
     )
     assert_equal(out[keep], r_out[keep], "dequantized finite blocks vs reference")
+
+
+# Edge cases of the nearest-code search and of the scaling rules: every result is compared with the
+# reference's bytes; only a NaN's payload is free.
+
+
+def check_4bit(A, blocksize, quant_type, device, storage=torch.uint8):
+    packed, absmax = op_overload("quantize_4bit")(A.to(device), blocksize, quant_type, storage)
+    rpacked, rabsmax = REFERENCE["quantize_4bit"](A.cpu(), blocksize, quant_type, storage)
+    assert_equal(packed, rpacked, f"packed {quant_type} bytes vs reference")
+    assert_equal_up_to_nan_payload(absmax, rabsmax, "absmax vs reference")
+    out = op_overload("dequantize_4bit")(packed, absmax, blocksize, quant_type, list(A.shape), A.dtype)
+    ref = REFERENCE["dequantize_4bit"](rpacked, rabsmax, blocksize, quant_type, list(A.shape), A.dtype)
+    assert_equal_up_to_nan_payload(out, ref, "dequantized values vs reference")
+
+
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_ties_and_signed_zeros(bnb_device, quant_type):
+    """Values on every midpoint of the table and just above it, +-0 and the smallest values either side
+    of 0 (FP4 splits its two zero codes at 0)."""
+    v = code_table_4bit(quant_type).sort().values
+    mids = (v[:-1] + v[1:]) / 2
+    tiny = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 2e-3, -2e-3])
+    A = torch.cat([torch.ones(1), mids, v, tiny, torch.nextafter(mids, torch.ones(1)), -torch.ones(1)])
+    check_4bit(A, 64, quant_type, bnb_device)
+
+
+@pytest.mark.parametrize(("quant_type", "absmax"), [("nf4", 6.2484564781188965), ("fp4", 3.2500076293945312)])
+def test_full_blocks_multiply_the_last_block_divides(bnb_device, quant_type, absmax):
+    # (absmax values found by search: ones where both rules make ties the other does not)
+    v = code_table_4bit(quant_type).sort().values
+    check_4bit(on_midpoints((v[:-1] + v[1:]) / 2, 32, absmax), 32, quant_type, bnb_device)
+
+
+@pytest.mark.parametrize("value", NONFINITE, ids=str)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_nonfinite_in_the_short_last_block(bnb_device, dtype, quant_type, value):
+    # 3 blocks and an odd tail of 5: the padding nibble keeps its code even in a poisoned last block.
+    A = with_nonfinite(randn((3 * 64 + 5,), dtype, seed_of("nf4", dtype, value, quant_type)), 64, value)
+    check_4bit(with_nonfinite(A, 64, value, block=3, offset=4), 64, quant_type, bnb_device)

@@ -1,4 +1,4 @@
-#include "kernels/gemv_4bit.h"
+#include "kernels/matmul_4bit.h"
 
 #include <bitsandbytes/formats.h>
 

@@ -1,4 +1,4 @@
-#include "kernels/dequant_tile.h"
+#include "kernels/matmul_4bit_tile.h"
 
 #include <bitsandbytes/formats.h>
 

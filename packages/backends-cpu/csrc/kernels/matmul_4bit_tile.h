@@ -5,7 +5,7 @@
 #pragma once
 
 #include "common.h"
-#include "kernels/gemv_4bit.h"
+#include "kernels/matmul_4bit.h"
 
 #define BNB_DEQUANT_TILE_DECLS                                                                                        \
   /* out[i - i0] = widen(round_to_dtype(code[c_i] * scale(i / blocksize))) for flat i in [i0, i1); scale is   */      \

@@ -9,7 +9,7 @@
 #include "array.h"
 #include "bindings.h"
 #include "isa.h"
-#include "kernels/dequant_tile.h"
+#include "kernels/matmul_4bit_tile.h"
 
 namespace bnb {
 namespace {
