@@ -221,15 +221,14 @@ def test_dequantized_weight_bit_exact(dtype, quant_type, N, K, blocksize):
     assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], dtype))
 
 
-def test_empty_dimensions(launches):
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_empty_dimensions_launch_nothing(launches, bias):
+    """No rows: an empty result. K = 0: every entry an empty sum, so the bias or zero. Neither launches."""
     packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=10)
-    code = code_of("nf4")
-    assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code, 32).shape == (0, 4)
-    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4")
-    assert torch.equal(out, torch.zeros(2, 3))
-    bias = torch.randn(3)
-    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", bias)
-    assert torch.equal(out, bias.expand(2, 3))
+    assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code_of("nf4"), 32).shape == (0, 4)
+    b = torch.randn(3) if bias else None
+    no_k = (torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", b)
+    assert torch.equal(ops.gemm_4bit(*no_k), b.expand(2, 3) if bias else torch.zeros(2, 3))
     assert launches == []
 
 
