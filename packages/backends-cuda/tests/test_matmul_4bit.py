@@ -170,14 +170,21 @@ def nested_state(absmax, seed):
     return absmax_8bit, absmax2, code8, offset.reshape(1), effective
 
 
+# Each scale layout with and without a bias, on both sides of the fused kernel's row limit.
+SCALES_AND_BIAS = [(nested, bias) for bias in (False, True) for nested in (False, True)]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 11, MAX_FUSED + 4])
-@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize(
+    ("nested", "bias"),
+    SCALES_AND_BIAS,
+    ids=[f"{'nested' if n else 'plain'}-{'bias' if b else 'nobias'}" for n, b in SCALES_AND_BIAS],
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gemm_4bit(launches, dtype, bias, nested, rows):
     N, K, blocksize = 13, 96, 32
-    packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
     A = rand((rows, K), dtype, seed=6)
+    packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
     kwargs = {"bias": rand((N,), dtype, seed=7)} if bias else {}
     if nested:
         absmax_8bit, absmax2, code8, offset, effective = nested_state(absmax, seed=rows)
