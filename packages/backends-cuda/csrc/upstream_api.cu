@@ -19,7 +19,7 @@ namespace {
 constexpr int kInvalidValue = 1;  // cudaErrorInvalidValue
 
 // Launch geometry, as bitsandbytes_cuda/ops computes it for the same kernels (a test compares them):
-// ops/quant.py THREADS, ITEMS_PER_THREAD, MAX_GRID; tables/matmul_4bit.py GEMV_WARPS, GEMV_WARP_FEATURES[1]
+// ops/blockwise.py THREADS, ITEMS_PER_THREAD, MAX_GRID; tables/matmul_4bit.py GEMV_WARPS, GEMV_WARP_FEATURES[1]
 // (the one-row instantiations are the ones used here).
 constexpr long long kDequantThreads = 256;
 constexpr long long kDequantItems = 8;

@@ -14,3 +14,11 @@ def emulated():
     old = launch.use_emulator(True)
     yield
     launch.use_emulator(old)
+
+
+@pytest.fixture(scope="module")
+def code():
+    """The signed dynamic 8-bit map, float32: the default code of blockwise quantization."""
+    from bitsandbytes import functional
+
+    return functional.create_dynamic_map(signed=True).float()

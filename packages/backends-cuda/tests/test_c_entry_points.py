@@ -22,10 +22,10 @@ import bitsandbytes.functional as F
 import bitsandbytes_emu as emu
 from bitsandbytes import _formats, cextension
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes.testing.compare import matmul_tolerance
 from bitsandbytes_cuda import upstream_api
+from bitsandbytes_cuda.ops import blockwise as quant_ops
 from bitsandbytes_cuda.ops import matmul_4bit as matmul_ops
-from bitsandbytes_cuda.ops import quant as quant_ops
 from bitsandbytes_cuda.tables import matmul_4bit as matmul_table
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"

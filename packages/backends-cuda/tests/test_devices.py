@@ -14,7 +14,6 @@ import warnings
 import pytest
 import torch
 
-from bitsandbytes._reference import REFERENCE
 from bitsandbytes_cuda import archs, launch, ops, paged, plugin
 
 WHEEL = "sm_75 sm_80 sm_86 sm_89 sm_90 sm_100 sm_120 compute_75 compute_120 (PTX)"
@@ -105,25 +104,6 @@ def test_a_mixed_machine_registers_with_the_unusable_devices_routed(gpus, monkey
     monkeypatch.setattr(paged, "register", lambda lib: None)
     plugin._load()
     assert registered["u"] == [torch.device("cuda", 0)]
-
-
-def test_routed_sends_calls_on_unusable_devices_to_the_reference():
-    native_calls = []
-
-    def native(A, code, blocksize):
-        native_calls.append(A)
-        return "native"
-
-    A = torch.randn(300, generator=torch.Generator().manual_seed(0))
-    code = torch.linspace(-1, 1, 256)
-    # CPU tensors stand for a device the library cannot serve.
-    fn = ops.routed("quantize_blockwise", native, [torch.device("cpu")])
-    got_q, got_absmax = fn(A, code, 64)
-    want_q, want_absmax = REFERENCE["quantize_blockwise"](A, code, 64)
-    assert native_calls == [] and torch.equal(got_q, want_q) and torch.equal(got_absmax, want_absmax)
-    assert ops.routed("quantize_blockwise", native, [torch.device("cuda", 0)])(A, code, 64) == "native"
-    # Keyword arguments are looked at too.
-    assert ops.routed("quantize_blockwise", native, [torch.device("meta")])(A=A, code=code, blocksize=64) == "native"
 
 
 def test_diagnostics_mark_the_devices_on_the_reference(gpus, monkeypatch):

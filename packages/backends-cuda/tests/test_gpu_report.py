@@ -310,34 +310,36 @@ def test_execute_gives_each_step_no_more_than_the_budget_leaves(tmp_path):
 
 
 class _Session:
-    """Enough of nox.Session for tests-cuda: records commands, fails the ones ``fail`` names."""
+    """Enough of nox.Session for tests-cuda: records commands and installs, fails the ones ``fail`` names;
+    ``error`` records its message and raises it as a RuntimeError, ``warn`` records, ``log`` drops."""
 
     def __init__(self, tmp: Path, fail: str):
-        self.tmp, self.fail, self.posargs, self.commands = tmp, fail, [], []
+        self.tmp, self.fail, self.posargs, self.commands, self.installs = tmp, fail, [], [], []
         self.virtualenv = None
 
-    def install(self, *args, **kwargs):
+    def _did(self, record: list, args: tuple) -> None:
         import nox.command
 
+        record.append(args)
         if self.fail in args:
             raise nox.command.CommandFailed("Returned code 1", return_code=1)
+
+    def install(self, *args, **kwargs):
+        self._did(self.installs, args)
+
+    def run(self, *args, **kwargs):
+        self._did(self.commands, args)
+        return True
 
     def create_tmp(self):
         return str(self.tmp)
-
-    def run(self, *args, env=None, silent=False, **kwargs):
-        import nox.command
-
-        self.commands.append(args)
-        if self.fail in args:
-            raise nox.command.CommandFailed("Returned code 1", return_code=1)
-        return True
 
     def warn(self, message):
         self.commands.append(("warn", message))
 
     def error(self, message):
-        self.commands.append(("error", message))
+        self.warn(message)
+        self.commands[-1] = ("error", message)
         raise RuntimeError(message)
 
     def log(self, message):
@@ -396,3 +398,17 @@ def test_bench_cuda_writes_the_report_when_the_bench_fails(tmp_path, monkeypatch
         noxfile.bench_cuda(session)
     (args,) = [c for c in session.commands if noxfile.CUDA_REPORT_SCRIPT in c]
     assert any(a.startswith("--bench=") and a.endswith("cuda_bench.json") for a in args)
+
+
+def test_tests_cuda_emulated_without_nvcc_installs_the_sources_and_runs_every_step(tmp_path, monkeypatch):
+    """No nvcc: the package without its library, then the same steps as with a built one (the tests that need
+    nvcc skip themselves, naming it), not a skip of the whole backend."""
+    noxfile = _noxfile()
+    monkeypatch.setattr(noxfile, "_have_nvcc", lambda: False)
+    session = _Session(tmp_path, fail="")
+    noxfile._tests_cuda_emulated(session)
+    (cuda,) = [args for args in session.installs if noxfile.CUDA in args]
+    assert "-Ccmake.define.BNB_CUDA_LIBRARY=OFF" in cuda
+    assert any(noxfile.EMU in args for args in session.installs)
+    assert session.commands[0][:2] == ("pytest", "packages/backends-cuda/tests")
+    assert any("bitsandbytes.testing" in c and "bitsandbytes_cuda.testing.emulated" in c for c in session.commands)

@@ -25,7 +25,7 @@ import torch
 
 from bitsandbytes import _formats
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes.testing.conformance.test_fourbit import matmul_tolerance
+from bitsandbytes.testing.compare import matmul_tolerance
 from bitsandbytes_cuda import launch
 from bitsandbytes_cuda.ops import matmul_4bit as ops
 from bitsandbytes_cuda.ops._common import suffix
@@ -142,20 +142,22 @@ def test_fused_rows_table():
     assert [ops.gemv_tile(m) for m in range(1, 11)] == [1, 2, 4, 4, 8, 8, 8, 8, 8, 8]
 
 
-@pytest.mark.parametrize("rows", [1, 12])
-@pytest.mark.parametrize("storage", [torch.uint8, torch.float16, torch.float32])
-def test_gemv_out_and_quant_storage(rows, storage):
+@pytest.mark.parametrize("rows", [1, 12])  # the one-row kernel and a tile of 16
+@pytest.mark.parametrize("storage", [torch.float16, torch.float32])
+def test_gemv_reads_any_quant_storage_as_its_bytes(rows, storage):
+    """A weight stored as fp16/fp32 words is the same bytes as uint8: the same result, bit for bit, through
+    the functional op and through .out."""
     N, K = 10, 64
     packed, absmax, W64 = quantized(N, K, 32, "fp4", seed=3, storage=storage)
     A = rand((rows, K), torch.bfloat16, seed=4)
+    as_bytes = (A, packed.view(torch.uint8), [N, K], absmax, code_of("fp4"), 32)
+    want = ops.gemv_4bit(*as_bytes)
+    assert_matmul_close(want, REFERENCE["gemv_4bit"](*as_bytes), A, W64)
     args = (A, packed, [N, K], absmax, code_of("fp4"), 32)
-    out = ops.gemv_4bit(*args)
-    assert_matmul_close(out, REFERENCE["gemv_4bit"](*args), A, W64)
+    assert torch.equal(ops.gemv_4bit(*args), want)
     buf = torch.full((rows, N), float("nan"), dtype=torch.bfloat16)
-    ops.gemv_4bit_out(*args, buf)
-    assert torch.equal(buf, out)
-    with pytest.raises(ValueError, match="out must be contiguous"):
-        ops.gemv_4bit_out(*args, torch.empty((rows, 2 * N), dtype=torch.bfloat16)[:, ::2])
+    assert ops.gemv_4bit_out(*args, buf) is None
+    assert torch.equal(buf, want)
 
 
 def nested_state(absmax, seed):
@@ -168,14 +170,21 @@ def nested_state(absmax, seed):
     return absmax_8bit, absmax2, code8, offset.reshape(1), effective
 
 
+# Each scale layout with and without a bias, on both sides of the fused kernel's row limit.
+SCALES_AND_BIAS = [(nested, bias) for bias in (False, True) for nested in (False, True)]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 11, MAX_FUSED + 4])
-@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
-@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize(
+    ("nested", "bias"),
+    SCALES_AND_BIAS,
+    ids=[f"{'nested' if n else 'plain'}-{'bias' if b else 'nobias'}" for n, b in SCALES_AND_BIAS],
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gemm_4bit(launches, dtype, bias, nested, rows):
     N, K, blocksize = 13, 96, 32
-    packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
     A = rand((rows, K), dtype, seed=6)
+    packed, absmax, W64 = quantized(N, K, blocksize, "nf4", seed=5)
     kwargs = {"bias": rand((N,), dtype, seed=7)} if bias else {}
     if nested:
         absmax_8bit, absmax2, code8, offset, effective = nested_state(absmax, seed=rows)
@@ -219,15 +228,14 @@ def test_dequantized_weight_bit_exact(dtype, quant_type, N, K, blocksize):
     assert torch.equal(W, REFERENCE["dequantize_4bit"](packed, absmax, blocksize, quant_type, [N, K], dtype))
 
 
-def test_empty_dimensions(launches):
+@pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
+def test_empty_dimensions_launch_nothing(launches, bias):
+    """No rows: an empty result. K = 0: every entry an empty sum, so the bias or zero. Neither launches."""
     packed, absmax, _ = quantized(4, 32, 32, "nf4", seed=10)
-    code = code_of("nf4")
-    assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code, 32).shape == (0, 4)
-    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4")
-    assert torch.equal(out, torch.zeros(2, 3))
-    bias = torch.randn(3)
-    out = ops.gemm_4bit(torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", bias)
-    assert torch.equal(out, bias.expand(2, 3))
+    assert ops.gemv_4bit(torch.empty(0, 32), packed, [4, 32], absmax, code_of("nf4"), 32).shape == (0, 4)
+    b = torch.randn(3) if bias else None
+    no_k = (torch.empty(2, 0), torch.empty(0, dtype=torch.uint8), [3, 0], torch.empty(0), 32, "nf4", b)
+    assert torch.equal(ops.gemm_4bit(*no_k), b.expand(2, 3) if bias else torch.zeros(2, 3))
     assert launches == []
 
 

@@ -189,7 +189,7 @@ struct SharedMap {
 };
 
 // The order of torch.sort, which the reference's stable argsort of the map uses: numbers ascending, then
-// every NaN (quant.cu's quant_map_prepare sorts the same way). With plain `<` a NaN would rank 0 next to
+// every NaN (blockwise.cu's quant_map_prepare sorts the same way). With plain `<` a NaN would rank 0 next to
 // the smallest number: two threads writing one slot, and slots nobody writes.
 __device__ __forceinline__ bool map_sorts_before(float a, float b) { return a < b || (b != b && a == a); }
 

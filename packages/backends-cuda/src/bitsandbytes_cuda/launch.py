@@ -43,16 +43,18 @@ class LibraryError(RuntimeError):
 
 def emulator():
     """The kernel emulator module (``bitsandbytes_emu``). It is a test extra, not a dependency: without it,
-    a ModuleNotFoundError that names the distribution and the extra that brings it."""
-    try:
-        import bitsandbytes_emu
-    except ModuleNotFoundError as e:
-        if e.name != "bitsandbytes_emu":  # installed, but something it imports is not: that error is the news
-            raise
+    a ModuleNotFoundError that names the distribution and the extra that brings it (an emulator that is
+    installed but misses something it imports raises that error itself)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes_emu") is None:
         raise ModuleNotFoundError(
             "the CUDA kernels run in emulation only with the kernel emulator installed: "
-            "pip install 'bitsandbytes-cuda[test]' (or bitsandbytes-emu, the same version)"
-        ) from e
+            "pip install 'bitsandbytes-cuda[test]' (or bitsandbytes-emu, the same version)",
+            name="bitsandbytes_emu",
+        )
+    import bitsandbytes_emu
+
     return bitsandbytes_emu
 
 

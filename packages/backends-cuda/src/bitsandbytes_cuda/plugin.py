@@ -4,7 +4,7 @@
 visible device (``archs``: decided from the library's architecture list and each device's compute
 capability, with a warning naming every device it cannot serve). ``load()`` checks that the driver can
 run the library's runtime and registers every op of ``bitsandbytes_cuda.ops`` for ``cuda``; on a machine
-with both kinds of GPU, calls on the devices without code run the reference kernels (``ops.routed``).
+with both kinds of GPU, calls on the devices without code run the reference kernels (``kit.routed``).
 The library's own probe still runs at each device's first launch (``launch.check_device``).
 ``native_library()`` is the kernel library itself, which becomes ``bitsandbytes.functional.lib``.
 Importing this module registers nothing and loads no library.
@@ -122,7 +122,7 @@ def _native_library():
 backend = Backend(
     "cuda",
     ["cuda"],
-    api_version="1.1",
+    api_version="1.2",
     load=_load,
     is_available=_is_available,
     diagnostics=_diagnostics,

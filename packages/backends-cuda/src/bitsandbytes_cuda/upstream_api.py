@@ -25,7 +25,7 @@ ENTRY_POINTS = (
     *(f"cgemm_4bit_inference_naive_{t}" for t in ("fp16", "bf16", "fp32")),
 )
 # The kernel families they launch.
-KERNEL_SOURCES = ("quant.cu", "matmul_4bit.cu")
+KERNEL_SOURCES = ("blockwise.cu", "fourbit.cu", "matmul_4bit.cu")
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
@@ -51,7 +51,7 @@ def emulated_library() -> ctypes.CDLL:
             _generate._write(
                 gen / "launchers.gen.h", _generate.header_text([k for s in KERNEL_SOURCES for k in groups[s]])
             )
-            # One translation unit: the launchers of both families (each including its kernel source), then
+            # One translation unit: the launchers of these families (each including its kernel source), then
             # the entry points, exactly the files the real build compiles separately.
             code = "".join(_generate.source_text(s, groups[s]) for s in KERNEL_SOURCES)
             code += '#include "upstream_api.cu"\n'

@@ -1,6 +1,6 @@
 """Upstream's C entry points on a real GPU (``nox -s tests-cuda``): ``bitsandbytes.functional.lib`` is
 the kernel library, and a call runs on the stream it is given, which the emulator cannot show (it has
-no streams). The kernels themselves are checked against the reference in test_quant_gpu.py."""
+no streams). The kernels themselves are checked against the reference in test_blockwise_gpu.py."""
 
 from __future__ import annotations
 

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import torch
+import functools
 
-__all__ = ["SUFFIX", "elementwise_grid", "rows_cols_geometry", "suffix"]
+from bitsandbytes.backends.kit import dtype_suffix
 
-# torch dtype -> the suffix the tables give a kernel instantiated for it
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+__all__ = ["elementwise_grid", "rows_cols_geometry", "suffix"]
+
+# torch dtype -> the suffix the tables give a kernel instantiated for it; TypeError naming CUDA otherwise.
+suffix = functools.partial(dtype_suffix, kernels="CUDA")
 
 # Enough blocks of 256 to fill any current GPU many times over; grid-stride loops cover the rest.
 _MAX_BLOCKS = 65536
-
-
-def suffix(dtype: torch.dtype) -> str:
-    try:
-        return SUFFIX[dtype]
-    except KeyError:
-        raise TypeError(f"no CUDA kernel for dtype {dtype}; expected one of {', '.join(map(str, SUFFIX))}") from None
 
 
 def elementwise_grid(n: int, threads: int = 256) -> int:

@@ -7,16 +7,7 @@ from math import prod
 
 import torch
 
-from bitsandbytes import _checks
-from bitsandbytes._ops import (
-    check_int8_double_quant,
-    check_int8_linear_matmul,
-    check_int8_mixed_scaled_mm,
-    check_int8_mm_dequant,
-    check_int8_scaled_mm,
-    check_int8_vectorwise_dequant,
-    check_int8_vectorwise_quant,
-)
+from bitsandbytes import _checks, _ops
 from bitsandbytes._reference.int8 import _int8_matmul as _reference_int8_matmul
 
 from ..launch import launch
@@ -59,12 +50,12 @@ def _row_quant(A: torch.Tensor, threshold: float):
 
 
 def int8_vectorwise_quant(A: torch.Tensor, threshold: float = 0.0):
-    check_int8_vectorwise_quant(A, threshold)
+    _ops.check_int8_vectorwise_quant(A, threshold)
     return _row_quant(A.contiguous(), threshold)
 
 
 def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
-    check_int8_vectorwise_dequant(A, stats)
+    _ops.check_int8_vectorwise_dequant(A, stats)
     A = A.contiguous()
     out = torch.empty(A.shape, dtype=torch.float32, device=A.device)
     rows, cols = _rows_cols(A)
@@ -75,7 +66,7 @@ def int8_vectorwise_dequant(A: torch.Tensor, stats: torch.Tensor) -> torch.Tenso
 
 
 def int8_double_quant(A: torch.Tensor, threshold: float = 0.0):
-    check_int8_double_quant(A, threshold)
+    _ops.check_int8_double_quant(A, threshold)
     A = A.contiguous()
     row_codes, row_stats, outlier_cols = _row_quant(A, threshold)
     rows, cols = _rows_cols(A)
@@ -116,12 +107,12 @@ def _int8_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 
 def int8_linear_matmul(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    check_int8_linear_matmul(A, B)
+    _ops.check_int8_linear_matmul(A, B)
     return _int8_matmul(A.contiguous(), B.contiguous())
 
 
 def int8_linear_matmul_out(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
-    _checks.out_tensor(out, check_int8_linear_matmul(A, B), torch.int32, A.device, reads={"A": A, "B": B})
+    _checks.out_tensor(out, _ops.check_int8_linear_matmul(A, B), torch.int32, A.device, reads={"A": A, "B": B})
     out.copy_(_int8_matmul(A.contiguous(), B.contiguous()))
 
 
@@ -140,17 +131,17 @@ def _mm_dequant(A, row_stats, col_stats, bias, out_dtype) -> torch.Tensor:
 
 
 def int8_mm_dequant(A, row_stats, col_stats, dtype=None, bias=None) -> torch.Tensor:
-    out_dtype = check_int8_mm_dequant(A, row_stats, col_stats, dtype, bias)
+    out_dtype = _ops.check_int8_mm_dequant(A, row_stats, col_stats, dtype, bias)
     return _mm_dequant(A, row_stats, col_stats, bias, out_dtype)
 
 
 def int8_scaled_mm(A, B, row_stats, col_stats, bias=None, dtype=None) -> torch.Tensor:
-    _, out_dtype = check_int8_scaled_mm(A, B, row_stats, col_stats, bias, dtype)
+    _, out_dtype = _ops.check_int8_scaled_mm(A, B, row_stats, col_stats, bias, dtype)
     return _mm_dequant(_int8_matmul(A.contiguous(), B.contiguous()), row_stats, col_stats, bias, out_dtype)
 
 
 def int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None):
-    check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)
+    _ops.check_int8_mixed_scaled_mm(A, CA, CB, SCA, SCB, outlier_cols, bias)
     cols = outlier_cols if outlier_cols is not None else torch.zeros(0, dtype=torch.int64, device=A.device)
     subA = A[..., cols]
     acc = _int8_matmul(CA.contiguous(), CB.contiguous())

@@ -17,12 +17,13 @@ every kernel where it loads a scale: no pass over the scales, no extra launch.
 
 from __future__ import annotations
 
-from math import prod
+import functools
 
 import torch
 
-from bitsandbytes import _checks, _formats
-from bitsandbytes._ops import check_gemm_4bit, check_gemv_4bit
+from bitsandbytes import _formats
+from bitsandbytes._ops import check_gemm_4bit
+from bitsandbytes.backends import kit
 
 from ..launch import launch
 from ..tables.matmul_4bit import (
@@ -105,7 +106,6 @@ MAX_FUSED_K = 2**31 - 1 - 32 * 32
 
 # Per device: (SIMT rows, tensor-core rows by waves, dtypes with tensor cores, SMs), looked up once.
 _DEVICES: dict[torch.device, tuple[int, tuple, frozenset, int]] = {}
-_TABLES: dict[tuple[str, torch.device], torch.Tensor] = {}
 
 
 def _capability(device: torch.device) -> tuple[int, int] | None:
@@ -170,12 +170,9 @@ def tc_splits(groups: int, chunks: int, M: int, K: int, sms: int) -> tuple[int, 
     return -(-chunks // per), per
 
 
+@functools.cache
 def _table(quant_type: str, device: torch.device) -> torch.Tensor:
-    key = (quant_type, device)
-    t = _TABLES.get(key)
-    if t is None:
-        t = _TABLES[key] = _formats.code_table(quant_type, device).float().contiguous()
-    return t
+    return _formats.code_table(quant_type, device).float().contiguous()  # made once per device, off the hot path
 
 
 def _bytes(B: torch.Tensor) -> torch.Tensor:
@@ -257,12 +254,12 @@ def dequantize_weight(Bb, N, K, scales, code, blocksize, dtype) -> torch.Tensor:
 
 def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
     """out[..., N] = A[..., K] @ W.T (+ bias) in A.dtype, fp32 accumulation."""
-    M = A.numel() // K if K else prod(A.shape[:-1])
-    if M == 0 or N == 0:
+    if out.numel() == 0:  # no rows or no columns
         return
-    if K == 0:
-        out.copy_(bias.expand_as(out) if bias is not None else torch.zeros_like(out))
+    if K == 0:  # every entry an empty sum: the bias, or zero
+        out.zero_() if bias is None else out.copy_(bias.expand_as(out))
         return
+    M = A.numel() // K
     A = A.contiguous()
     Bb = _bytes(B)
     bias = bias.contiguous() if bias is not None else None
@@ -282,19 +279,15 @@ def _matmul_into(A, B, N, K, scales, code, blocksize, bias, out) -> None:
             torch.addmm(bias, A2, W.T, out=out2)
 
 
-def gemv_4bit(A, B, shapeB, absmax, code, blocksize) -> torch.Tensor:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    out = torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
-    _matmul_into(A, B, N, K, _scales(absmax), code.contiguous(), blocksize, None, out)
-    return out
+def _gemv_4bit_into(A, B, shapeB, absmax, code, blocksize, out) -> None:
+    # Checked by the caller (kit.out_pair): out is [..., N], and A's last dimension is K.
+    _matmul_into(A, B, out.shape[-1], A.shape[-1], _scales(absmax), code.contiguous(), blocksize, None, out)
 
 
-def gemv_4bit_out(A, B, shapeB, absmax, code, blocksize, out) -> None:
-    N, K = check_gemv_4bit(A, B, shapeB, absmax, code, blocksize)
-    _checks.out_tensor(
-        out, (*A.shape[:-1], N), A.dtype, A.device, reads={"A": A, "B": B, "absmax": absmax, "code": code}
-    )
-    _matmul_into(A, B, N, K, _scales(absmax), code.contiguous(), blocksize, None, out)
+# The functional op and its .out: the core's checks, then the kernels.
+_GEMV = kit.out_pair("gemv_4bit", _gemv_4bit_into)
+gemv_4bit = _GEMV["gemv_4bit"]
+gemv_4bit_out = _GEMV["gemv_4bit.out"]
 
 
 def gemm_4bit(
@@ -307,4 +300,4 @@ def gemm_4bit(
     return out
 
 
-OPS = {"gemv_4bit": gemv_4bit, "gemv_4bit.out": gemv_4bit_out, "gemm_4bit": gemm_4bit}
+OPS = {**_GEMV, "gemm_4bit": gemm_4bit}

@@ -57,31 +57,15 @@ def _hyper(name, flags_extra, n, beta1, beta2, beta3, alpha, eps, weight_decay, 
     )  # fmt: skip
 
 
+# The arguments are the schema's (bitsandbytes._ops.SCHEMAS), whose check states every type.
 @torch.no_grad()
 def optimizer_update_32bit(
-    optimizer_name: str,
-    g: torch.Tensor,
-    p: torch.Tensor,
-    state1: torch.Tensor,
-    state2: torch.Tensor | None,
-    unorm_vec: torch.Tensor | None,
-    max_unorm: float,
-    param_norm: float,
-    beta1: float,
-    beta2: float,
-    beta3: float,
-    alpha: float,
-    eps: float,
-    weight_decay: float,
-    step: int,
-    lr: float,
-    gnorm_scale: float,
-    skip_zeros: bool = False,
-) -> None:
-    _ops.check_optimizer_update_32bit(
-        optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2, beta3, alpha, eps,
-        weight_decay, step, lr, gnorm_scale, skip_zeros,
-    )  # fmt: skip
+    optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2,
+    beta3, alpha, eps, weight_decay, step, lr, gnorm_scale, skip_zeros=False,
+):  # fmt: skip
+    _ops.check_optimizer_update_32bit(optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1,
+                                      beta2, beta3, alpha, eps, weight_decay, step, lr, gnorm_scale,
+                                      skip_zeros)  # fmt: skip
     n = p.numel()
     rule = _RULE[optimizer_name]
     two = rule in (0, _ADEMAMIX)
@@ -119,35 +103,17 @@ def optimizer_update_32bit(
 
 @torch.no_grad()
 def optimizer_update_8bit_blockwise(
-    optimizer_name: str,
-    g: torch.Tensor,
-    p: torch.Tensor,
-    state1: torch.Tensor,
-    state2: torch.Tensor | None,
-    beta1: float,
-    beta2: float,
-    beta3: float,
-    alpha: float,
-    eps: float,
-    step: int,
-    lr: float,
-    qmap1: torch.Tensor,
-    qmap2: torch.Tensor | None,
-    absmax1: torch.Tensor,
-    absmax2: torch.Tensor | None,
-    weight_decay: float,
-    gnorm_scale: float,
-    skip_zeros: bool = False,
-) -> None:
-    _ops.check_optimizer_update_8bit_blockwise(
-        optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
-        absmax2, weight_decay, gnorm_scale, skip_zeros,
-    )  # fmt: skip
+    optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps,
+    step, lr, qmap1, qmap2, absmax1, absmax2, weight_decay, gnorm_scale, skip_zeros=False,
+):  # fmt: skip
+    _ops.check_optimizer_update_8bit_blockwise(optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps,
+                                               step, lr, qmap1, qmap2, absmax1, absmax2, weight_decay, gnorm_scale,
+                                               skip_zeros)  # fmt: skip
     n = p.numel()
     if n == 0:
         return
     two = _RULE[optimizer_name] in (0, _ADEMAMIX)
-    # The kernel takes dense buffers; absmax may be a strided view (written back below), qmap any layout.
+    # The kernel takes dense buffers; absmax may be a strided view, qmap any layout.
     a1 = absmax1.contiguous()
     a2 = absmax2.contiguous() if two else None
     q1 = qmap1.contiguous()
@@ -156,13 +122,9 @@ def optimizer_update_8bit_blockwise(
                    skip_zeros)  # fmt: skip
     launch(f"optimizer_8bit_blockwise_{suffix(g.dtype)}", _grid(-(n // -_BLOCK), p.device), THREADS, 0, g, p,
            state1, state2 if two else None, a1, a2, q1, q2, *hyper)  # fmt: skip
-    if a1.data_ptr() != absmax1.data_ptr():
-        absmax1.copy_(a1.view(absmax1.shape))
-    if two and a2.data_ptr() != absmax2.data_ptr():
-        absmax2.copy_(a2.view(absmax2.shape))
+    for dense, given in ((a1, absmax1), (a2, absmax2)):  # a strided absmax: written back through its view
+        if dense is not None and dense.data_ptr() != given.data_ptr():
+            given.copy_(dense.view(given.shape))
 
 
-OPS = {
-    "optimizer_update_32bit": optimizer_update_32bit,
-    "optimizer_update_8bit_blockwise": optimizer_update_8bit_blockwise,
-}
+OPS = {f.__name__: f for f in (optimizer_update_32bit, optimizer_update_8bit_blockwise)}

@@ -127,48 +127,49 @@ class Kernel:
 _all: dict[str, Kernel] | None = None
 
 
-def _collect() -> dict[str, Kernel]:
-    found: dict[str, Kernel] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        kernels = getattr(module, "KERNELS", None)
-        if not isinstance(kernels, (list, tuple)):
-            raise TypeError(f"{module.__name__}.KERNELS must be a list of Kernel, got {type(kernels).__name__}")
-        for k in kernels:
-            if not isinstance(k, Kernel):
-                raise TypeError(f"{module.__name__}.KERNELS holds {k!r}, not a Kernel")
-            if k.name in found:
-                raise ValueError(f"kernel name {k.name!r} is in two tables ({module.__name__} and another)")
-            found[k.name] = k
-    return found
+def _table(module) -> list[Kernel]:
+    kernels = getattr(module, "KERNELS", None)
+    if not isinstance(kernels, (list, tuple)):
+        raise TypeError(f"{module.__name__}.KERNELS must be a list of Kernel, got {type(kernels).__name__}")
+    wrong = [k for k in kernels if not isinstance(k, Kernel)]
+    if wrong:
+        raise TypeError(f"{module.__name__}.KERNELS holds {wrong[0]!r}, not a Kernel")
+    return list(kernels)
 
 
 def all_kernels() -> dict[str, Kernel]:
-    """Every table's kernels, name -> Kernel, collected once from the modules of this package."""
+    """Every table's kernels, name -> Kernel, collected once from the modules of this package.
+
+    The walk is this package's own, not ``bitsandbytes.backends.kit.collect``: the launcher generator runs it
+    at build time, where neither torch nor the core is installed."""
     global _all
     if _all is None:
-        _all = _collect()
+        families = sorted(info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_"))
+        found: dict[str, Kernel] = {}
+        for family in families:
+            module = importlib.import_module(f"{__name__}.{family}")
+            for k in _table(module):
+                if k.name in found:
+                    raise ValueError(f"kernel name {k.name!r} is in two tables ({module.__name__} and another)")
+                found[k.name] = k
+        _all = found
     return _all
 
 
 def get(name: str) -> Kernel:
     """The table entry for a kernel name; ``KeyError`` naming the closest names when unknown."""
-    kernels = all_kernels()
-    try:
-        return kernels[name]
-    except KeyError:
+    kernel = all_kernels().get(name)
+    if kernel is None:
         import difflib
 
-        close = difflib.get_close_matches(name, kernels, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"no kernel named {name!r} in bitsandbytes_cuda.tables{hint}") from None
+        close = ", ".join(difflib.get_close_matches(name, all_kernels(), n=3))
+        raise KeyError(
+            f"no kernel named {name!r} in bitsandbytes_cuda.tables" + (f"; did you mean {close}?" if close else "")
+        )
+    return kernel
 
 
 def by_source() -> dict[str, list[Kernel]]:
     """The kernels grouped by their source file, in table order."""
-    groups: dict[str, list[Kernel]] = {}
-    for k in all_kernels().values():
-        groups.setdefault(k.source, []).append(k)
-    return groups
+    kernels = all_kernels().values()
+    return {source: [k for k in kernels if k.source == source] for source in dict.fromkeys(k.source for k in kernels)}

@@ -7,27 +7,34 @@ conformance cases of ``--device cpu`` run the real kernel sources ("emulated cud
 implementation keep whatever ``cpu`` kernel they had: the reference under ``BNB_BACKENDS=none``.
 ``bitsandbytes.functional.lib`` becomes the kernel library's upstream C entry points built in the
 emulator (``upstream_api.emulated_library``, compiled at its first use), taking CPU tensors' pointers.
+An emulated out-of-bounds access, race or deadlock (``EmulationError``) fails a bad-input row, whatever
+the row expects (``pytest_bnb_harness_errors``).
 """
 
 from __future__ import annotations
 
 from bitsandbytes import cextension
+from bitsandbytes.backends import kit
 
 from .. import launch, ops, upstream_api
 
-__all__ = ["REGISTERED_OPS"]
-
-REGISTERED_OPS: list[str] = []
+__all__ = ["pytest_bnb_harness_errors", "pytest_configure", "pytest_report_header"]
 
 
-def pytest_configure(config) -> None:
-    reason = launch.emulator().unavailable_reason()
-    if reason:
-        raise RuntimeError(f"bitsandbytes_cuda.testing.emulated needs the kernel emulator: {reason}")
+def _enable() -> dict:
     launch.use_emulator(True)
-    REGISTERED_OPS[:] = sorted(ops.register_all("cpu"))
+    registered = ops.register_all("cpu")
     cextension.provide_native_library(upstream_api.emulated_library, "the CUDA backend's kernel library (emulated)")
+    return registered
 
 
-def pytest_report_header(config) -> str:
-    return f"emulated cuda: {len(REGISTERED_OPS)} ops on emulated CUDA kernels ({', '.join(REGISTERED_OPS)})"
+_plugin = kit.emulated_plugin(
+    __name__, "cuda", "CUDA", unavailable_reason=lambda: launch.emulator().unavailable_reason(), enable=_enable
+)
+pytest_configure, pytest_report_header = _plugin.pytest_configure, _plugin.pytest_report_header
+
+
+def pytest_bnb_harness_errors(config) -> tuple[type[BaseException], ...]:
+    from bitsandbytes_emu.errors import EmulationError
+
+    return (EmulationError,)

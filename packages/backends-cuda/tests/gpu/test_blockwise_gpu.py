@@ -1,4 +1,4 @@
-"""The quant kernels on a real GPU (``nox -s tests-cuda``): what the emulator cannot show. Unaligned
+"""The blockwise and fourbit kernels on a real GPU (``nox -s tests-cuda``): what the emulator cannot show. Unaligned
 tensors take the scalar load/store paths (the emulator's buffers are always aligned), and hardware
 arithmetic (IEEE division and reciprocal, no FMA contraction, no flushed subnormals) must give the
 reference's codes bit for bit, also for subnormal absmax and tiny blocks."""
@@ -10,7 +10,7 @@ import torch
 
 from bitsandbytes import functional
 from bitsandbytes._reference import REFERENCE
-from bitsandbytes_cuda.ops import quant
+from bitsandbytes_cuda.ops import blockwise, fourbit
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 
@@ -32,23 +32,23 @@ def _bits(t):
 @pytest.mark.parametrize("offset", [0, 1])
 @pytest.mark.parametrize("blocksize", [32, 64, 4096])
 def test_blockwise_and_4bit_equal_the_reference(monkeypatch, dtype, offset, blocksize):
-    monkeypatch.setattr(quant, "MAX_GRID", 7)  # the grid-stride loops too
+    monkeypatch.setattr(blockwise, "MAX_GRID", 7)  # the grid-stride loops too
     n = 50 * blocksize + 13
     buf = _data(n + offset, dtype, seed=blocksize + offset)
     A_cpu = buf[offset:]
     A = buf.cuda()[offset:]  # offset 1: not 16-byte aligned, so the scalar paths run
     code = functional.create_dynamic_map(signed=True).float()
-    q, absmax = quant.quantize_blockwise(A, code.cuda(), blocksize)
+    q, absmax = blockwise.quantize_blockwise(A, code.cuda(), blocksize)
     rq, rabsmax = REFERENCE["quantize_blockwise"](A_cpu, code, blocksize)
     assert torch.equal(q.cpu(), rq) and torch.equal(_bits(absmax), _bits(rabsmax))
     out = torch.empty(n + offset, dtype=dtype, device="cuda")[offset:]
-    quant.dequantize_blockwise_out(q, absmax, code.cuda(), blocksize, dtype, out)
+    blockwise.dequantize_blockwise_out(q, absmax, code.cuda(), blocksize, dtype, out)
     ref = REFERENCE["dequantize_blockwise"](rq, rabsmax, code, blocksize, dtype)
     assert torch.equal(_bits(out), _bits(ref))
     for quant_type in ("nf4", "fp4"):
-        packed, absmax = quant.quantize_4bit(A, blocksize, quant_type, torch.uint8)
+        packed, absmax = fourbit.quantize_4bit(A, blocksize, quant_type, torch.uint8)
         rpacked, rabsmax = REFERENCE["quantize_4bit"](A_cpu, blocksize, quant_type, torch.uint8)
         assert torch.equal(packed.cpu(), rpacked) and torch.equal(_bits(absmax), _bits(rabsmax))
-        got = quant.dequantize_4bit(packed[offset:], absmax, blocksize, quant_type, [n - 2 * offset], dtype)
+        got = fourbit.dequantize_4bit(packed[offset:], absmax, blocksize, quant_type, [n - 2 * offset], dtype)
         ref = REFERENCE["dequantize_4bit"](rpacked[offset:], rabsmax, blocksize, quant_type, [n - 2 * offset], dtype)
         assert torch.equal(_bits(got), _bits(ref))

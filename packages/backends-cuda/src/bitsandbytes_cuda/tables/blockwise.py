@@ -1,19 +1,17 @@
-"""Kernel table of the quant family (csrc/kernels/quant.cu): 8-bit blockwise and 4-bit NF4/FP4.
+"""Kernel table of the blockwise family (csrc/kernels/blockwise.cu): 8-bit blockwise quantization.
 
 The block size is a kernel argument, not a template parameter: it only sets the thread-group size and
-a shift, so one instance per element type (and 4-bit format) serves every block size the core accepts.
+a shift, so one instance per element type serves every block size the core accepts.
 """
 
 from __future__ import annotations
 
 from . import Kernel
 
-SOURCE = "quant.cu"
+SOURCE = "blockwise.cu"
 
 # Suffix used in kernel names -> the C element type of the floating-point tensors.
 ELEMENT_TYPES = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16"}
-# 4-bit format -> the QuantType4 template argument in quant.cu.
-QUANT_TYPES = {"nf4": 0, "fp4": 1}
 
 KERNELS = [
     Kernel(
@@ -46,18 +44,3 @@ for _sfx, _t in ELEMENT_TYPES.items():
             params=("const unsigned char*", "const float*", "const float*", f"{_t}*", "long long", "int"),
         ),
     ]
-    for _qt, _qv in QUANT_TYPES.items():
-        KERNELS += [
-            Kernel(
-                name=f"quantize_4bit_{_qt}_{_sfx}",
-                source=SOURCE,
-                expr=f"quantize_4bit<{_t}, {_qv}>",
-                params=(f"const {_t}*", "unsigned char*", "float*", "long long", "int"),
-            ),
-            Kernel(
-                name=f"dequantize_4bit_{_qt}_{_sfx}",
-                source=SOURCE,
-                expr=f"dequantize_4bit<{_t}, {_qv}>",
-                params=("const unsigned char*", "const float*", f"{_t}*", "long long", "int"),
-            ),
-        ]

@@ -1,5 +1,5 @@
-// Device helpers of the quant family (8-bit blockwise and 4-bit NF4/FP4 quantization): vectorised
-// element loads/stores widened to float32, and the group max used for block absmax.
+// Block quantization machinery shared by the 8-bit (blockwise.cu) and 4-bit NF4/FP4 (fourbit.cu) kernels:
+// vectorised element loads/stores widened to float32, and the group max used for block absmax.
 // Semantics: bitsandbytes/_reference/blockwise.py and fourbit.py; constants: bitsandbytes/formats.h.
 #pragma once
 
