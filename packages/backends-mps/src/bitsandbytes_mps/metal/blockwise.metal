@@ -111,7 +111,7 @@ template <typename T>
 // out[i] = code[A[i]] * absmax[i / blocksize] in float32, rounded once to T. A thread writes
 // BNB_DEQUANT_ITEMS consecutive values (all in one block: block sizes are >= 32), so one scale load and
 // the threadgroup's copy of the map serve many values. Any threadgroup size, in a uniform grid (every
-// threadgroup full: ops/quant.py dequantize_geometry), so that the copy's stride is the number of threads
+// threadgroup full: ops/_quantize.py dequantize_geometry), so that the copy's stride is the number of threads
 // that run: what Metal reports as threads_per_threadgroup in a partial edge group is not relied on.
 // Threads past n copy their share of the map, then return.
 template <typename T>

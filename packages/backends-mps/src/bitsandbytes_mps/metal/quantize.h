@@ -71,7 +71,7 @@ struct BlockScale {
 // The quantizers' geometry: a group of blocksize / BNB_QUANT_ITEMS threads owns one quantization block,
 // each thread BNB_QUANT_ITEMS consecutive values held in registers between the absmax reduction and
 // the coding (one pass over A). Threadgroup size max(256, group), every threadgroup full (a uniform
-// grid: ops/quant.py quantize_geometry); threadgroup tg owns blocks tg * per_group ... where per_group =
+// grid: ops/_quantize.py quantize_geometry); threadgroup tg owns blocks tg * per_group ... where per_group =
 // threadgroup size / group. Threads past the last block load zeros and take part in the reductions.
 // Block sizes are powers of two: shifts and masks, no division.
 struct QuantPlace {
