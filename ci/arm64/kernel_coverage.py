@@ -5,13 +5,25 @@ level asked for (BNB_CPU_ISA) and not only some of them, or all at another level
 The backend's ops call ``_C.<kernel>(...)`` through the module at each call, so wrapping the module's
 functions sees every call, whatever test or op made it. The counts go to the JSON file named by
 BNB_KERNEL_COVERAGE (run.py reads it) and to the terminal summary.
+
+The kernels counted are _C's functions and, by symbol, every kernel the bindings dispatch per ISA level
+(``BNB_DISPATCH(<kernel>, ...)`` in any C++ source of the backend, whatever file it moves to): one that
+the installed module lacks is listed with no calls, so a stale build or a binding left out fails the
+coverage check instead of shrinking the list.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
+from pathlib import Path
+
+import pytest
+
+CSRC = Path(__file__).resolve().parents[2] / "packages" / "backends-cpu" / "csrc"
+DISPATCH = re.compile(r"\bBNB_DISPATCH\(\s*(\w+)\s*,")
 
 # _C's functions that are queries or settings, not kernels.
 NOT_KERNELS = {
@@ -41,15 +53,27 @@ def _counting(name, fn, isa):
     return wrapper
 
 
+def dispatched_kernels() -> set[str]:
+    """The kernels the C++ bindings call through BNB_DISPATCH (isa.h, which defines it, names none)."""
+    names = {m for path in CSRC.rglob("*.cpp") for m in DISPATCH.findall(path.read_text())}
+    if not names:
+        raise pytest.UsageError(f"kernel_coverage: no BNB_DISPATCH(<kernel>, ...) in {CSRC}/**/*.cpp")
+    return names - NOT_KERNELS
+
+
 def pytest_configure(config):
     from bitsandbytes_cpu import _C
 
-    for name in sorted(dir(_C)):
+    names = set(dispatched_kernels())
+    for name in dir(_C):
         fn = getattr(_C, name)
-        if name.startswith("__") or name in NOT_KERNELS or not callable(fn) or isinstance(fn, type):
-            continue
+        if not (name.startswith("__") or name in NOT_KERNELS or not callable(fn) or isinstance(fn, type)):
+            names.add(name)
+    for name in sorted(names):
         _kernels.append(name)
-        setattr(_C, name, _counting(name, fn, _C.isa))
+        fn = getattr(_C, name, None)
+        if fn is not None:  # absent from this build: stays at no calls
+            setattr(_C, name, _counting(name, fn, _C.isa))
 
 
 def report() -> dict:
