@@ -23,29 +23,11 @@ from ._threads import threads
 
 @torch.no_grad()
 def optimizer_update_32bit(
-    optimizer_name: str,
-    g: torch.Tensor,
-    p: torch.Tensor,
-    state1: torch.Tensor,
-    state2: torch.Tensor | None,
-    unorm_vec: torch.Tensor | None,
-    max_unorm: float,
-    param_norm: float,
-    beta1: float,
-    beta2: float,
-    beta3: float,
-    alpha: float,
-    eps: float,
-    weight_decay: float,
-    step: int,
-    lr: float,
-    gnorm_scale: float,
-    skip_zeros: bool = False,
-) -> None:
-    check_optimizer_update_32bit(
-        optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2, beta3, alpha, eps,
-        weight_decay, step, lr, gnorm_scale, skip_zeros,
-    )  # fmt: skip
+    optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2, beta3, alpha, eps,
+    weight_decay, step, lr, gnorm_scale, skip_zeros=False,
+) -> None:  # fmt: skip
+    check_optimizer_update_32bit(optimizer_name, g, p, state1, state2, unorm_vec, max_unorm, param_norm, beta1, beta2,
+                                 beta3, alpha, eps, weight_decay, step, lr, gnorm_scale, skip_zeros)  # fmt: skip
     two_states = optimizer_name in TWO_STATE_OPTIMIZERS
     unorm = unorm_vec if max_unorm > 0 else None
     _C.optimizer_update_32bit(
@@ -57,39 +39,19 @@ def optimizer_update_32bit(
 
 @torch.no_grad()
 def optimizer_update_8bit_blockwise(
-    optimizer_name: str,
-    g: torch.Tensor,
-    p: torch.Tensor,
-    state1: torch.Tensor,
-    state2: torch.Tensor | None,
-    beta1: float,
-    beta2: float,
-    beta3: float,
-    alpha: float,
-    eps: float,
-    step: int,
-    lr: float,
-    qmap1: torch.Tensor,
-    qmap2: torch.Tensor | None,
-    absmax1: torch.Tensor,
-    absmax2: torch.Tensor | None,
-    weight_decay: float,
-    gnorm_scale: float,
-    skip_zeros: bool = False,
-) -> None:
-    check_optimizer_update_8bit_blockwise(
-        optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
-        absmax2, weight_decay, gnorm_scale, skip_zeros,
-    )  # fmt: skip
+    optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps,
+    step, lr, qmap1, qmap2, absmax1, absmax2, weight_decay, gnorm_scale, skip_zeros=False,
+) -> None:  # fmt: skip
+    # The schema's 19 parameters, in its order (the core declares them; every backend repeats them).
+    args = (optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
+            absmax2, weight_decay, gnorm_scale, skip_zeros)  # fmt: skip
+    check_optimizer_update_8bit_blockwise(*args)
     if p.numel() == 0:
         return
     if optimizer_name not in TWO_STATE_OPTIMIZERS:
         state2 = qmap2 = absmax2 = None  # one-state optimizers leave them untouched
     if holds_nan(qmap1, qmap2):
-        REFERENCE["optimizer_update_8bit_blockwise"](
-            optimizer_name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
-            absmax2, weight_decay, gnorm_scale, skip_zeros,
-        )  # fmt: skip
+        REFERENCE["optimizer_update_8bit_blockwise"](*args)
         return
     a1 = absmax1.contiguous()
     a2 = absmax2.contiguous() if absmax2 is not None else None
