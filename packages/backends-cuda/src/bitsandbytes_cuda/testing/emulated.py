@@ -18,7 +18,7 @@ from bitsandbytes.backends import kit
 
 from .. import launch, ops, upstream_api
 
-__all__ = ["pytest_bnb_harness_errors", "pytest_configure", "pytest_report_header"]
+__all__ = ["REGISTERED_OPS", "pytest_bnb_harness_errors", "pytest_configure", "pytest_report_header"]
 
 
 def _enable() -> dict:
@@ -32,6 +32,9 @@ _plugin = kit.emulated_plugin(
     __name__, "cuda", "CUDA", unavailable_reason=lambda: launch.emulator().unavailable_reason(), enable=_enable
 )
 pytest_configure, pytest_report_header = _plugin.pytest_configure, _plugin.pytest_report_header
+# The ops registered for cpu, once pytest configured the plugin (the ctypes clients' tests ask whether the
+# emulated library serves this run).
+REGISTERED_OPS = _plugin.registered
 
 
 def pytest_bnb_harness_errors(config) -> tuple[type[BaseException], ...]:
