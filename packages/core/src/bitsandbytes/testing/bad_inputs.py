@@ -26,6 +26,8 @@ import bitsandbytes as bnb
 import bitsandbytes.functional as F
 from bitsandbytes._ops import SCHEMAS
 
+from .samples import impl_over
+
 META = torch.device("meta")
 OP_NAMES = frozenset(s.split(".")[0] for s in SCHEMAS)
 
@@ -113,7 +115,7 @@ def registered_for_cpu(impls: Mapping[str, Callable]) -> Iterator[set[str]]:
             # Replacing the CPU backend's kernel for the block is the point; torch warns about it.
             warnings.filterwarnings("ignore", message=".*[Oo]verrid")
             for op, fn in impls.items():
-                torch.library.register_kernel(f"bitsandbytes::{op}", "cpu", tracked(op, fn), lib=lib)
+                impl_over(lib, op, tracked(op, fn), "CPU")
         yield reached
     finally:
         lib._destroy()

@@ -367,6 +367,16 @@ def opcheck_failures(op: str, device: torch.device | str = "cpu") -> list[str]:
     return failures
 
 
+def impl_over(lib: torch.library.Library, op: str, fn: Callable, dispatch_key: str) -> None:
+    """``lib.impl``, in front of a kernel registered from Python before (the CPU backend's, the reference)
+    for as long as ``lib`` lives. torch 2.13 allows that by default; 2.9 refuses it unless
+    ``allow_override=True``; releases without the flag take the plain call."""
+    try:
+        lib.impl(op, fn, dispatch_key, allow_override=True)
+    except TypeError:
+        lib.impl(op, fn, dispatch_key)
+
+
 @contextlib.contextmanager
 def served_as_cpu_kernels(kernels: dict[str, Callable]) -> Iterator[Counter]:
     """Serve ``kernels`` (op name -> function, e.g. a GPU backend's kernels run in the emulator) as the
@@ -385,7 +395,7 @@ def served_as_cpu_kernels(kernels: dict[str, Callable]) -> Iterator[Counter]:
     lib = torch.library.Library("bitsandbytes", "IMPL")
     try:
         for op, fn in kernels.items():
-            lib.impl(op, counted(op, fn), "CPU")
+            impl_over(lib, op, counted(op, fn), "CPU")
         yield calls
     finally:
         lib._destroy()
