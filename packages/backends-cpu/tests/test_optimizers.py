@@ -17,6 +17,7 @@ import bitsandbytes  # noqa: F401  (loads the cpu backend)
 from bitsandbytes import functional
 from bitsandbytes._ops import OPTIMIZER_BLOCKSIZE, TWO_STATE_OPTIMIZERS
 from bitsandbytes._reference import REFERENCE
+from bitsandbytes.testing.conformance.test_optimizers_strict import state8
 from bitsandbytes_cpu import _C
 
 NAMES = ("adam", "momentum", "rmsprop", "lion", "adagrad", "ademamix", "lamb", "lars")
@@ -46,22 +47,9 @@ MAPS = _maps()
 
 
 def _state8(name, n, seed, qmap1, qmap2):
-    gen = torch.Generator().manual_seed(seed)
-    blocks = -(n // -OPTIMIZER_BLOCKSIZE)
-    ema = 2 if name == "ademamix" else 1
-    two = name in TWO_STATE_OPTIMIZERS
-    # Codes of a realistic state: quantize a random one with the maps themselves.
-    s1 = torch.randint(0, 256, (ema * n,), dtype=torch.uint8, generator=gen)
-    a1 = torch.rand(ema * blocks, generator=gen) * 0.1
-    s2 = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen) if two else None
-    a2 = torch.rand(blocks, generator=gen) * 0.01 if two else None
-    if two or name in ("rmsprop", "adagrad"):
-        # Second-moment states are >= 0: use codes of non-negative map values.
-        for codes, qmap in ((s2, qmap2), (s1, qmap1) if name in ("rmsprop", "adagrad") else (None, None)):
-            if codes is not None:
-                nonneg = torch.nonzero(qmap >= 0).flatten()
-                codes.copy_(nonneg[codes.long() % nonneg.numel()].to(torch.uint8))
-    return [s1, s2, a1, a2]
+    """The shipped suite's 8-bit states (realistic codes, non-negative second moments), as a list."""
+    st = state8(name, n, seed, qmap1, qmap2)
+    return [st["state1"], st["state2"], st["absmax1"], st["absmax2"]]
 
 
 def _run8(fn, name, g, p, st, qmap1, qmap2, step, wd=0.01, skip=False):
