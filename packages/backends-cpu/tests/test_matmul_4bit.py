@@ -336,3 +336,52 @@ def test_avx2_fp32_and_fp16_weights_are_exact(dtype, quant_type):
             A[0, k] = 1
             out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize)
             assert torch.equal(out[0], W32[:, k].to(dtype)), f"column {k}"
+
+
+NIBBLE_SHIFT_SHAPES = [(33, 128, 64), (20, 384, 64), (9, 640, 128), (7, 256, 4096), (1, 128, 64), (2, 1152, 256)]
+
+
+# Batch 1 with K % 128 == 0 and blocksize >= 64 takes the AVX-512 nibble-shift kernel (fp32 codes, the
+# block scale on each block's partial sum; rows in pairs, an odd last row alone): blocksize 64 (two scales
+# per 128-chunk), larger blocks, blocks longer than a row, one row, against the reference; every thread
+# count gives the same bits. bf16 A goes there too when the AVX512-BF16 kernel is off.
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("N", "K", "blocksize"), NIBBLE_SHIFT_SHAPES, ids=str)
+def test_avx512_nibble_shift_gemv(N, K, blocksize, dtype, quant_type):
+    if "avx512" not in ISAS:
+        pytest.skip("needs AVX-512 (this CPU or build has no avx512 level)")
+    q, absmax, table, W32 = quantized(N, K, blocksize, quant_type, seed=K + N)
+    A = randn((1, K), dtype, seed=N, spread=False)
+    bias = randn((N,), dtype, seed=7, spread=False)
+    ref = REFERENCE["gemv_4bit"](A, q, [N, K], absmax, table, blocksize) + bias
+    outs = []
+    used = _C.gemv_4bit_bf16_dot(-1)
+    try:
+        _C.gemv_4bit_bf16_dot(0)
+        with isa("avx512"):
+            for n in (1, 2, 3):
+                out = torch.empty(1, N, dtype=dtype)
+                _C.gemv_4bit(A, q.view(-1), 1, N, K, absmax, table, blocksize, bias, out, n)
+                outs.append(out)
+    finally:
+        _C.gemv_4bit_bf16_dot(1 if used else 0)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    check_close(outs[0], ref, A, W32, f"avx512 nibble shift {dtype}")
+
+
+# A = e_k picks column k: the block scale times one exact product of an fp32 code, i.e. the reference's
+# weight bit for bit, at every nibble position of a dword (k = 0 .. 15) and on both sides of a block edge.
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_avx512_nibble_shift_weights_are_exact(dtype, quant_type):
+    if "avx512" not in ISAS:
+        pytest.skip("needs AVX-512 (this CPU or build has no avx512 level)")
+    N, K, blocksize = 5, 256, 64
+    q, absmax, table, W32 = quantized(N, K, blocksize, quant_type, seed=11)
+    with isa("avx512"):
+        for k in [*range(16), 63, 64, 127, 128, 200, 255]:
+            A = torch.zeros(1, K, dtype=dtype)
+            A[0, k] = 1
+            out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize)
+            assert torch.equal(out[0], W32[:, k].to(dtype)), f"column {k}"
