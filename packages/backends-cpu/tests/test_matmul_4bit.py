@@ -266,10 +266,14 @@ def _nested_weight(N, K, blocksize, seed=11):
 
 # The fused kernel expands double-quantized scales as its rows read them: bit-identical to the same
 # kernel on the scales expanded up front, at every ISA level and thread count; shapes with whole blocks
-# per row (the fast paths), blocks straddling rows (odd K) and blocks larger than a row.
+# per row (the fast paths), blocks straddling rows (odd K), blocks larger than a row, and rows whose scales
+# are expanded in several pieces per thread (K = 4096: 64 rows a piece; an odd row count).
 @pytest.mark.parametrize("level", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(1, 300, 256, 64), (3, 77, 100, 64), (1, 40, 64, 128)])
+@pytest.mark.parametrize(
+    ("M", "N", "K", "blocksize"),
+    [(1, 300, 256, 64), (3, 77, 100, 64), (1, 40, 64, 128), (1, 301, 4096, 64), (2, 133, 4096, 64)],
+)
 def test_nested_scales_fused_in_the_kernel_are_bit_exact(level, dtype, M, N, K, blocksize):
     q, absmax_8bit, absmax2, dyn, offset, expanded = _nested_weight(N, K, blocksize)
     A = randn((M, K), dtype, seed=3, spread=False)

@@ -811,6 +811,18 @@ inline const float* row_scales(const float* absmax, const NestedAbsmax* nested, 
   return buf.data() - b0;
 }
 
+// Splits a thread's rows [n0, n1) into pieces whose expanded scales (double quantization) take at most
+// about 16 KiB, so that row_scales' buffer is still in L1 when the piece's rows read it (a chunk of 512
+// rows at K = 4096 would expand 128 KiB first). Pieces hold an even number of rows (row pairs stay
+// whole); without double quantization the range is one piece.
+template <class Body>
+inline void scale_pieces(int64_t n0, int64_t n1, int64_t K, int64_t blocksize, const NestedAbsmax* nested,
+                         Body&& body) {
+  if (!nested) return body(n0, n1);
+  const int64_t step = std::max<int64_t>(2, (4096 * blocksize / std::max<int64_t>(K, 1)) & ~int64_t(1));
+  for (int64_t p = n0; p < n1; p += step) body(p, std::min(n1, p + step));
+}
+
 #if defined(BNB_GEMV_NIBBLE_SHIFT)
 template <DType D>
 void gemv1_nibble_shift(const typename Elem<D>::T* x, int64_t N, int64_t K, const uint8_t* B, const float* absmax_in,
@@ -823,19 +835,21 @@ void gemv1_nibble_shift(const typename Elem<D>::T* x, int64_t N, int64_t K, cons
   while ((int64_t(1) << shift) < blocksize) ++shift;
   const __m512 ctab = _mm512_loadu_ps(code);
   const int64_t grain = std::max<int64_t>(2, 32768 / K / 2 * 2);  // even: pairs never straddle chunks
-  parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+  parallel_for(N, grain, threads, [&](int64_t c0, int64_t c1) {
     std::vector<float> sbuf;
-    const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
-    float res[2];
-    int64_t n = n0;
-    for (; n + 2 <= n1; n += 2) {
-      rows_nibble_shift<2>(B, n * K, K, absmax, shift, ctab, a.data(), res);
-      for (int i = 0; i < 2; ++i) y[n + i] = Elem<D>::store(res[i] + (bias ? Elem<D>::load(bias[n + i]) : 0.0f));
-    }
-    if (n < n1) {
-      rows_nibble_shift<1>(B, n * K, K, absmax, shift, ctab, a.data(), res);
-      y[n] = Elem<D>::store(res[0] + (bias ? Elem<D>::load(bias[n]) : 0.0f));
-    }
+    scale_pieces(c0, c1, K, blocksize, nested, [&](int64_t n0, int64_t n1) {
+      const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
+      float res[2];
+      int64_t n = n0;
+      for (; n + 2 <= n1; n += 2) {
+        rows_nibble_shift<2>(B, n * K, K, absmax, shift, ctab, a.data(), res);
+        for (int i = 0; i < 2; ++i) y[n + i] = Elem<D>::store(res[i] + (bias ? Elem<D>::load(bias[n + i]) : 0.0f));
+      }
+      if (n < n1) {
+        rows_nibble_shift<1>(B, n * K, K, absmax, shift, ctab, a.data(), res);
+        y[n] = Elem<D>::store(res[0] + (bias ? Elem<D>::load(bias[n]) : 0.0f));
+      }
+    });
   });
 }
 #endif
@@ -994,42 +1008,45 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
     uint16_t* y = static_cast<uint16_t*>(out);
     const uint16_t* a = abuf.data();
     const int64_t grain = std::max<int64_t>(1, 32768 / (K * std::min<int64_t>(M, kMaxRows)));
-    parallel_for(N, grain, threads, [&](int64_t n0, int64_t n1) {
+    parallel_for(N, grain, threads, [&](int64_t c0, int64_t c1) {
       float res[kMaxRows];
       std::vector<float> sbuf;
-      const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
-      if (M == 1) {
-        // Row pairs from n0: which pair a row falls in depends on n0, but each row's sum is computed
-        // the same way in row_pair_bf16 and row_bf16<1> (same steps, same accumulator split).
-        int64_t n = n0;
-        for (; n + 2 <= n1; n += 2) {
-          row_pair_bf16(B, n * K, K, absmax, blocksize, code, a, res);
-          for (int i = 0; i < 2; ++i) y[n + i] = float_to_bf16(res[i] + (bias_t ? bf16_to_float(bias_t[n + i]) : 0.0f));
-        }
-        n0 = n;
-      }
-      for (int64_t n = n0; n < n1; ++n) {
-        const float bn = bias_t ? bf16_to_float(bias_t[n]) : 0.0f;
-        for (int64_t m = 0; m < M; m += kMaxRows) {
-          const int64_t R = std::min<int64_t>(kMaxRows, M - m);
-          const uint16_t* am = a + m * K;
-          switch (R) {
-            case 1:
-              row_bf16<1>(B, n * K, K, absmax, blocksize, code, am, K, res);
-              break;
-            case 2:
-              row_bf16<2>(B, n * K, K, absmax, blocksize, code, am, K, res);
-              break;
-            case 3:
-              row_bf16<3>(B, n * K, K, absmax, blocksize, code, am, K, res);
-              break;
-            default:
-              row_bf16<4>(B, n * K, K, absmax, blocksize, code, am, K, res);
-              break;
+      scale_pieces(c0, c1, K, blocksize, nested, [&](int64_t n0, int64_t n1) {
+        const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
+        if (M == 1) {
+          // Row pairs from n0: which pair a row falls in depends on n0, but each row's sum is computed
+          // the same way in row_pair_bf16 and row_bf16<1> (same steps, same accumulator split).
+          int64_t n = n0;
+          for (; n + 2 <= n1; n += 2) {
+            row_pair_bf16(B, n * K, K, absmax, blocksize, code, a, res);
+            for (int i = 0; i < 2; ++i)
+              y[n + i] = float_to_bf16(res[i] + (bias_t ? bf16_to_float(bias_t[n + i]) : 0.0f));
           }
-          for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);
+          n0 = n;
         }
-      }
+        for (int64_t n = n0; n < n1; ++n) {
+          const float bn = bias_t ? bf16_to_float(bias_t[n]) : 0.0f;
+          for (int64_t m = 0; m < M; m += kMaxRows) {
+            const int64_t R = std::min<int64_t>(kMaxRows, M - m);
+            const uint16_t* am = a + m * K;
+            switch (R) {
+              case 1:
+                row_bf16<1>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                break;
+              case 2:
+                row_bf16<2>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                break;
+              case 3:
+                row_bf16<3>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                break;
+              default:
+                row_bf16<4>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                break;
+            }
+            for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);
+          }
+        }
+      });
     });
     return;
   }

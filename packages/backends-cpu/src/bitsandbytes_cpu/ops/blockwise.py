@@ -9,8 +9,8 @@ from bitsandbytes._ops import check_quantize_blockwise
 from bitsandbytes._reference import REFERENCE
 from bitsandbytes.backends import kit
 
-from .. import _C
 from . import _outputs
+from ._capsules import native as _C
 from ._maps import holds_nan
 from ._threads import threads
 

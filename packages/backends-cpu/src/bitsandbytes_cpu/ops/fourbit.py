@@ -8,8 +8,8 @@ from bitsandbytes import _checks, _formats
 from bitsandbytes._ops import check_quantize_4bit
 from bitsandbytes.backends import kit
 
-from .. import _C
 from . import _outputs
+from ._capsules import native as _C
 from ._threads import threads
 
 

@@ -16,7 +16,7 @@ from bitsandbytes._ops import (
 )
 from bitsandbytes.backends import kit
 
-from .. import _C
+from ._capsules import native as _C
 from ._threads import threads
 
 

@@ -20,7 +20,7 @@ from bitsandbytes import _formats
 from bitsandbytes._ops import check_gemm_4bit
 from bitsandbytes.backends import kit
 
-from .. import _C
+from ._capsules import native as _C
 from ._threads import threads
 
 # Rows of A up to which the fused kernel is used; above it, dequantize + torch GEMM. Measured on

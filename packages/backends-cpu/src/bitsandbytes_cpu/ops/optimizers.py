@@ -16,7 +16,7 @@ from bitsandbytes._ops import (
 )
 from bitsandbytes._reference import REFERENCE
 
-from .. import _C
+from ._capsules import native as _C
 from ._maps import holds_nan
 from ._threads import threads
 
