@@ -21,10 +21,6 @@ _to_dlpack = torch._C._to_dlpack
 _Tensor = torch.Tensor
 
 
-def _arg(x):
-    return _to_dlpack(x) if isinstance(x, _Tensor) else x
-
-
 class _Native:
     def __getattr__(self, name: str):
         value = getattr(_extension, name)
@@ -33,7 +29,11 @@ class _Native:
 
         def call(*args, **kwargs):
             fn = getattr(_extension, name)
-            return fn(*[_arg(a) for a in args], **{k: _arg(v) for k, v in kwargs.items()})
+            # Inline, not a helper per argument: a gemm_4bit call passes 14.
+            args = [_to_dlpack(a) if isinstance(a, _Tensor) else a for a in args]
+            if kwargs:
+                kwargs = {k: _to_dlpack(v) if isinstance(v, _Tensor) else v for k, v in kwargs.items()}
+            return fn(*args, **kwargs)
 
         call.__name__ = call.__qualname__ = name
         call.__doc__ = value.__doc__
