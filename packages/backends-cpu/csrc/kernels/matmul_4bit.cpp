@@ -376,7 +376,8 @@ void perm_A128(const float* a, int64_t K, float* out) {
 
 // ROWS consecutive weight rows from base0, every row's sum computed by the same steps whatever ROWS is (a
 // row's result does not depend on the thread split). The next ROWS rows are prefetched, a line per 64
-// bytes read: rows read side by side are streams too short for the hardware prefetcher.
+// bytes read: rows read side by side are streams too short for the hardware prefetcher (see
+// row_pair_bf16; a prefetch past the end of the weights never faults).
 template <int ROWS>
 void rows_nibble_shift(const uint8_t* B, int64_t base0, int64_t K, const float* absmax, int shift, __m512 ctab,
                        const float* a, float* res) {
@@ -503,9 +504,8 @@ BNB_BF16_TARGET void row_pair_bf16(const uint8_t* B, int64_t base0, int64_t K, c
   // The next pair's bytes, one line per chunk: a pair reads two 2-KiB-ish streams at once and moves on
   // after K / 2 bytes each, too short for the hardware prefetcher to train on (measured on Zen 5, weights
   // streaming from DRAM: 0.42 ms per 4096x4096 layer without, 0.20 with; two pairs ahead was no better).
+  // A prefetch never faults: the last pair's, past the end of the weights, is dropped by the CPU.
   const char* pf = reinterpret_cast<const char*>(B + (base0 + 2 * K) / 2);
-  const char* pa = reinterpret_cast<const char*>(absmax + ((base0 + 2 * K) >> shift));
-  const int64_t pa_bytes = ((2 * K) >> shift) * 4;
   auto chunk = [&](int64_t k, __m512(&acc0)[1][2], __m512(&acc1)[1][2]) BNB_BF16_TARGET {
     _mm_prefetch(pf + k, _MM_HINT_T0);
     const int64_t b0 = (base0 + k) >> shift, b1 = (base1 + k) >> shift;
