@@ -327,19 +327,33 @@ def test_avx2_shuffle_kernels(M, N, K, blocksize, dtype, quant_type):
 # fp32 and fp16 A read the codes at full fp32 precision: A = e_k picks column k, whose exact value is
 # code * absmax rounded once (the block scale times a sum of one exact product), i.e. the reference's
 # weight bit for bit. A table of codes rounded to bf16 or fp16 would be off by up to 2^-9 relative.
+# avx2: the vpshufb kernels; avx512: the nibble-shift kernel, at every nibble position of a dword
+# (k = 0 .. 15) and on both sides of a block edge.
+EXACT_WEIGHT_CASES = {
+    "avx2": (24, 128, (0, 1, 63, 64, 127), "no AVX2 here"),
+    "avx512": (
+        5,
+        256,
+        (*range(16), 63, 64, 127, 128, 200, 255),
+        "needs AVX-512 (this CPU or build has no avx512 level)",
+    ),
+}
+
+
+@pytest.mark.parametrize("level", sorted(EXACT_WEIGHT_CASES))
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_avx2_fp32_and_fp16_weights_are_exact(dtype, quant_type):
-    if "avx2" not in ISAS:
-        pytest.skip("no AVX2 here")
-    N, K, blocksize = 24, 128, 64
-    q, absmax, table, W32 = quantized(N, K, blocksize, quant_type, seed=5)
-    with isa("avx2"):
-        for k in (0, 1, 63, 64, 127):
+def test_fp32_and_fp16_weights_are_exact(level, dtype, quant_type):
+    N, K, columns, missing = EXACT_WEIGHT_CASES[level]
+    if level not in ISAS:
+        pytest.skip(missing)
+    q, absmax, table, W32 = quantized(N, K, 64, quant_type, seed=5)
+    with isa(level):
+        for k in columns:
             A = torch.zeros(1, K, dtype=dtype)
             A[0, k] = 1
-            out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize)
-            assert torch.equal(out[0], W32[:, k].to(dtype)), f"column {k}"
+            out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, 64)
+            assert torch.equal(out[0], W32[:, k].to(dtype)), f"{level}: column {k}"
 
 
 NIBBLE_SHIFT_SHAPES = [(33, 128, 64), (20, 384, 64), (9, 640, 128), (7, 256, 4096), (1, 128, 64), (2, 1152, 256)]
@@ -372,20 +386,3 @@ def test_avx512_nibble_shift_gemv(N, K, blocksize, dtype, quant_type):
         _C.gemv_4bit_bf16_dot(1 if used else 0)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     check_close(outs[0], ref, A, W32, f"avx512 nibble shift {dtype}")
-
-
-# A = e_k picks column k: the block scale times one exact product of an fp32 code, i.e. the reference's
-# weight bit for bit, at every nibble position of a dword (k = 0 .. 15) and on both sides of a block edge.
-@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_avx512_nibble_shift_weights_are_exact(dtype, quant_type):
-    if "avx512" not in ISAS:
-        pytest.skip("needs AVX-512 (this CPU or build has no avx512 level)")
-    N, K, blocksize = 5, 256, 64
-    q, absmax, table, W32 = quantized(N, K, blocksize, quant_type, seed=11)
-    with isa("avx512"):
-        for k in [*range(16), 63, 64, 127, 128, 200, 255]:
-            A = torch.zeros(1, K, dtype=dtype)
-            A[0, k] = 1
-            out = torch.ops.bitsandbytes.gemv_4bit(A, q, [N, K], absmax, table, blocksize)
-            assert torch.equal(out[0], W32[:, k].to(dtype)), f"column {k}"
