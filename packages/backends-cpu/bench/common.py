@@ -8,6 +8,7 @@ The inputs come from seeded generators, so both processes time the very same ten
 from __future__ import annotations
 
 import gc
+import glob
 import resource
 import statistics
 import time
@@ -27,8 +28,31 @@ BLOCKSIZE_4BIT = 64  # Linear4bit's default
 QUANT_TYPE = "nf4"
 BLOCKSIZE_8BIT = 4096  # functional.quantize_blockwise's default
 OPTIMIZER_BLOCKSIZE = 256  # fixed by the 8-bit optimizer format
-# Batch-1 gemv "streaming": rotate over this many bytes of distinct layers (> 100 MB, > any LLC here).
-STREAM_BYTES = 128 * 2**20
+
+
+def _last_level_cache_bytes() -> int:
+    """The largest L3 the OS reports for a CPU (Linux sysfs; 0 where there is none to read)."""
+    sizes = [0]
+    for index in glob.glob("/sys/devices/system/cpu/cpu*/cache/index*"):
+        try:
+            with open(f"{index}/level") as f:
+                if f.read().strip() != "3":
+                    continue
+            with open(f"{index}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text[:-1] if scale > 1 else text
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes)
+
+
+# Batch-1 gemv "streaming": rotate over this many bytes of distinct layers: > 100 MB and twice the L3, so
+# the weights come from DRAM as a model's do (an AMX Xeon here reports 480 MiB of L3, in which a 128 MiB
+# rotation stays hot); at most 1 GiB, so that the bench fits beside upstream's copy in memory.
+STREAM_BYTES = min(2**30, max(128 * 2**20, 2 * _last_level_cache_bytes()))
 COPY_BYTES = 256 * 2**20  # size of the tensor whose copy measures the machine's bandwidth
 SEED = 1234
 

@@ -267,9 +267,18 @@ def test_unrounded_weights_are_caught(monkeypatch, dtype):
         check_correctly_rounded(out, A, q, expanded, blocksize, "nf4", N, K, None)
 
 
-@pytest.mark.parametrize(("fast", "dtype"), [(False, torch.bfloat16), (True, torch.bfloat16), (False, torch.float32)])
-def test_rows_above_the_crossover_take_the_gemm_route(monkeypatch, fast, dtype):
-    """The crossover of bf16 A follows the route above it (BF16_FUSED_MAX_ROWS_FP32_TILES on the fp32 tiles)."""
+@pytest.mark.parametrize(
+    ("fast", "amx", "dtype"),
+    [
+        (False, False, torch.bfloat16),
+        (True, False, torch.bfloat16),
+        (True, True, torch.bfloat16),
+        (False, False, torch.float32),
+    ],
+)
+def test_rows_above_the_crossover_take_the_gemm_route(monkeypatch, fast, amx, dtype):
+    """The crossover of bf16 A follows the route above it (BF16_FUSED_MAX_ROWS_FP32_TILES on the fp32 tiles,
+    AMX_BF16_FUSED_MAX_ROWS where torch's bf16 GEMM runs on AMX, with no register-blocked GEMM between)."""
     N, K, blocksize = 40, 256, 64
     q, absmax, _, _ = weight(N, K, blocksize, seed=14)
     used = []
@@ -282,8 +291,10 @@ def test_rows_above_the_crossover_take_the_gemm_route(monkeypatch, fast, dtype):
             return lambda *a, **k: (used.append(name), fn(*a, **k))[1]
 
     monkeypatch.setattr(mm, "_C", Spy())
-    with setting("FAST_BF16_GEMM", fast):
-        if dtype == torch.bfloat16 and not fast:
+    with setting("FAST_BF16_GEMM", fast), setting("AMX_BF16", amx):
+        if amx:
+            limit = mm.AMX_BF16_FUSED_MAX_ROWS
+        elif dtype == torch.bfloat16 and not fast:
             limit = mm.BF16_FUSED_MAX_ROWS_FP32_TILES
         else:
             limit = mm.FUSED_MAX_ROWS[dtype]
@@ -292,9 +303,44 @@ def test_rows_above_the_crossover_take_the_gemm_route(monkeypatch, fast, dtype):
             used.clear()
             A = randn((M, K), dtype, seed=M, spread=False)
             ops.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4")
-            if dtype == torch.bfloat16 and M <= mm.BF16_TILE_MAX_ROWS and mm._bf16_tiles(K, blocksize):
+            tiles = not amx and M <= mm.BF16_TILE_MAX_ROWS and mm._bf16_tiles(K, blocksize)
+            if dtype == torch.bfloat16 and tiles:
                 expected = "gemv_4bit"  # the register-blocked AVX512-BF16 GEMM takes these rows
             assert expected in used and set(used) <= {expected, "gemv_4bit_bf16_dot"}, (M, used)
+
+
+def test_amx_follows_the_cpu_feature_and_yields_to_fast_bf16_gemm_off():
+    with setting("AMX_BF16", None):
+        assert mm._amx_bf16() == torch.cpu._is_amx_tile_supported()
+    # FAST_BF16_GEMM off means no bf16 GEMM of torch's at all, AMX or not: the fp32 tiles run.
+    N, K, M = 40, 256, mm.AMX_BF16_FUSED_MAX_ROWS + 1
+    q, absmax, _, _ = weight(N, K, 64, seed=21)
+    A = randn((M, K), torch.bfloat16, seed=22, spread=False)
+    with setting("FAST_BF16_GEMM", False), setting("AMX_BF16", True):
+        fp32_tiles = ops.gemm_4bit(A, q, [N, K], absmax, 64, "nf4")
+    with setting("FAST_BF16_GEMM", False), setting("AMX_BF16", False):
+        assert torch.equal(ops.gemm_4bit(A, q, [N, K], absmax, 64, "nf4"), fp32_tiles)
+
+
+@pytest.mark.parametrize("M", [13, 64, 300])
+def test_amx_route_in_large_slabs_stays_within_the_conformance_tolerance(M):
+    """The AMX route's slabs (AMX_SLAB_BYTES, here shrunk so that N spans several): the reference's bf16
+    weights into torch's bf16 GEMM, nested scales, bias, any thread count bit-identical."""
+    N, K, blocksize = 300, 256, 64
+    q, absmax, kw, expanded = weight(N, K, blocksize, "nf4", nested=True, seed=M)
+    A = randn((M, K), torch.bfloat16, seed=M + 1, spread=False)
+    bias = randn((N,), torch.bfloat16, seed=M + 2, spread=False)
+    outs = []
+    with setting("FAST_BF16_GEMM", True), setting("AMX_BF16", True), setting("AMX_SLAB_BYTES", 128 * K * 2):
+        for n in (1, 2):
+            with num_threads(n):
+                mm._LOCAL.slab = None
+                outs.append(ops.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4", bias=bias, **kw))
+    assert torch.equal(outs[0], outs[1])
+    ref = REFERENCE["gemm_4bit"](A, q, [N, K], absmax, blocksize, "nf4", bias=bias, **kw)
+    W32 = REFERENCE["dequantize_4bit"](q, expanded, blocksize, "nf4", [N, K], torch.float32)
+    tol = matmul_tolerance(A, W32, ref) + 2 * torch.finfo(torch.bfloat16).eps * bias.double().abs()
+    assert ((outs[0].double() - ref.double()).abs() <= tol).all()
 
 
 def test_compiled_linear4bit_on_the_gemm_route_equals_eager():

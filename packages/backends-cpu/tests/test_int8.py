@@ -218,3 +218,66 @@ def test_cpp_rechecks_sizes():
         _C.int8_mm_dequant(
             torch.zeros(4, 8, dtype=torch.int32), torch.ones(4), torch.ones(7), None, torch.empty(4, 8), 1
         )
+
+
+# The many-row route through torch._int_mm (ops.int8.INT_MM, taken by default where the CPU has AMX): forced
+# here on any CPU, since only its speed needs AMX. Exact int32 sums, so the bytes must equal our kernel's.
+INT_MM_SHAPES = [(16, 1, 1), (16, 5, 63), (17, 33, 300), (40, 7, 129), (64, 130, 1000)]
+
+
+@pytest.fixture
+def int_mm(monkeypatch):
+    from bitsandbytes_cpu.ops import int8 as int8_ops
+
+    monkeypatch.setattr(int8_ops, "INT_MM", True)
+    calls = []
+    real = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    return int8_ops, calls
+
+
+def test_int_mm_route_gives_the_kernels_bytes(int_mm):
+    int8_ops, calls = int_mm
+    g = torch.Generator().manual_seed(7)
+    for M, N, K in INT_MM_SHAPES:
+        A = torch.randint(-128, 128, (2, M // 2 + M % 2, K), generator=g, dtype=torch.int8)[:, : M // 2]
+        B = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8)
+        if A.shape[0] * A.shape[1] < int8_ops.INT_MM_MIN_ROWS:
+            continue
+        want = ref.int8_linear_matmul(A, B)
+        calls.clear()
+        assert_same(ops.int8_linear_matmul(A, B), want, f"{M}x{N}x{K}")
+        out = torch.full(want.shape, 5, dtype=torch.int32)
+        ops.int8_linear_matmul.out(A, B, out)
+        assert_same(out, want, f".out {M}x{N}x{K}")
+        rs, cs = torch.rand(A.shape[:-1], generator=g), torch.rand(N, generator=g)
+        for d in DTYPES:
+            bias = torch.randn(N, generator=g).to(d)
+            assert_same(ops.int8_scaled_mm(A, B, rs, cs, bias, d), ref.int8_scaled_mm(A, B, rs, cs, bias, d), f"{d}")
+        assert len(calls) == 2 + len(DTYPES), f"torch._int_mm took {len(calls)} of the calls at {M}x{N}x{K}"
+
+
+def test_int_mm_route_wraps_modulo_2_32_like_the_reference(int_mm):
+    _, calls = int_mm
+    M, N, K = 16, 3, 140_001
+    A = torch.full((M, K), -128, dtype=torch.int8)
+    B = torch.full((N, K), -128, dtype=torch.int8)
+    B[0, -1] = 3
+    assert_same(ops.int8_linear_matmul(A, B), (A.long() @ B.long().T).to(torch.int32))
+    assert calls
+
+
+def test_int_mm_route_is_not_taken_for_few_rows_or_empty_sizes(int_mm):
+    int8_ops, calls = int_mm
+    few = int8_ops.INT_MM_MIN_ROWS - 1
+    for M, N, K in [(few, 4, 8), (16, 0, 8), (16, 4, 0), (0, 4, 8)]:
+        A, B = torch.ones(M, K, dtype=torch.int8), torch.ones(N, K, dtype=torch.int8)
+        assert_same(ops.int8_linear_matmul(A, B), ref.int8_linear_matmul(A, B))
+    assert not calls
+
+
+def test_int_mm_route_follows_the_cpu_feature(monkeypatch):
+    from bitsandbytes_cpu.ops import int8 as int8_ops
+
+    monkeypatch.setattr(int8_ops, "INT_MM", None)
+    assert int8_ops._int_mm_route(64, 8, 8) == (torch.cpu._is_amx_tile_supported() and torch.__version__ >= (2, 6))

@@ -21,6 +21,7 @@ from bitsandbytes._ops import check_gemm_4bit
 from bitsandbytes.backends import kit
 
 from ._capsules import native as _C
+from ._features import amx_tiles
 from ._threads import threads
 
 # Rows of A up to which the fused kernel is used; above it, dequantize + torch GEMM. Measured on
@@ -49,6 +50,17 @@ SLAB_BYTES = 4 << 20
 # Whether bf16 A takes torch's bf16 GEMM (bf16 slabs) rather than the fp32 tiles; None: by CPU feature
 # (_fast_bf16_gemm). Tests set it to run either route here.
 FAST_BF16_GEMM: bool | None = None
+# bf16 A where torch's bf16 GEMM runs on AMX tiles (oneDNN): from this many rows on, bf16 slabs into it beat
+# both native kernels, and the slabs are larger. Measured on an AMX Xeon (2 threads, 4096 x 4096, nf4; medians,
+# ms): the fused kernel 1.89 / 2.38 / 2.88 at 8 / 12 / 16 rows against slabs 2.58 / 2.65 / 2.74; at 32 rows
+# slabs 2.7 against the register-blocked AVX512-BF16 GEMM's 5.3, at 512 rows 9.0 against 17.4; slabs of
+# 4 / 8 / 16 / 32 MiB: 3.5 / 3.1 / 2.7 / 2.7 ms at 32 rows, 17.7 / 9.3 / 9.0 / 9.0 at 512 (oneDNN is slow on
+# 512-feature calls there). Dense bf16 F.linear in the same runs: 1.3 and 8.1 ms.
+AMX_BF16_FUSED_MAX_ROWS = 12
+AMX_SLAB_BYTES = 16 << 20
+# Whether bf16 A takes the AMX routing above; None: by CPU feature (amx_tiles). Tests set it: the route is
+# torch's bf16 GEMM on bf16 slabs, correct on every CPU, only its speed needs AMX.
+AMX_BF16: bool | None = None
 
 
 def _fast_bf16_gemm() -> bool:
@@ -58,6 +70,10 @@ def _fast_bf16_gemm() -> bool:
     multiply-adds per fp32 lane (vdpbf16ps) or tiles (AMX) and reads half the bytes: the bf16 slabs,
     the route measured on Zen 4 when FUSED_MAX_ROWS and BF16_TILE_MAX_ROWS were set, stay there."""
     return _cpu_has_fast_bf16() if FAST_BF16_GEMM is None else FAST_BF16_GEMM
+
+
+def _amx_bf16() -> bool:
+    return amx_tiles() if AMX_BF16 is None else AMX_BF16
 
 
 @functools.cache
@@ -74,11 +90,13 @@ _TABLES: dict[str, torch.Tensor] = {}
 _LOCAL = threading.local()
 
 
-def _slab_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
+def _slab_buffer(numel: int, dtype: torch.dtype, slab_bytes: int | None = None) -> torch.Tensor:
     buf = getattr(_LOCAL, "slab", None)
     nbytes = numel * torch.finfo(dtype).bits // 8
     if buf is None or buf.numel() < nbytes:
-        buf = _LOCAL.slab = torch.empty(max(nbytes, SLAB_BYTES), dtype=torch.uint8)
+        buf = _LOCAL.slab = torch.empty(
+            max(nbytes, SLAB_BYTES if slab_bytes is None else slab_bytes), dtype=torch.uint8
+        )
     return buf[:nbytes].view(dtype)
 
 
@@ -112,16 +130,21 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
     Bb = _bytes(B)
     absmax = absmax.contiguous()
     bias = bias.contiguous() if bias is not None else None
-    fast_bf16 = A.dtype == torch.bfloat16 and _fast_bf16_gemm()
+    bf16 = A.dtype == torch.bfloat16
+    fast_bf16 = bf16 and _fast_bf16_gemm()
+    amx = fast_bf16 and _amx_bf16()
     fused_max = FUSED_MAX_ROWS.get(A.dtype, 8)
-    if A.dtype == torch.bfloat16 and not fast_bf16:
+    if amx:
+        fused_max = AMX_BF16_FUSED_MAX_ROWS
+    elif bf16 and not fast_bf16:
         fused_max = BF16_FUSED_MAX_ROWS_FP32_TILES
-    if M <= fused_max or (A.dtype == torch.bfloat16 and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)):
+    if M <= fused_max or (bf16 and not amx and M <= BF16_TILE_MAX_ROWS and _bf16_tiles(K, blocksize)):
         # Nested scales are expanded inside the kernel as its rows read them (no separate pass).
         _C.gemv_4bit(A, Bb, M, N, K, absmax, code, blocksize, bias, out, threads(), *(nested or ()))
         return
     if fast_bf16:
-        _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
+        slab_bytes = AMX_SLAB_BYTES if amx else SLAB_BYTES
+        _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested, slab_bytes)
     else:
         _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
 
@@ -150,14 +173,14 @@ def _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
             torch.add(r, bias32[n0:n1], out=out2[:, n0:n1])
 
 
-def _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested) -> None:
+def _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested, slab_bytes) -> None:
     """bf16 A where torch's bf16 GEMM is fast: bf16 slabs of the weight into torch's bf16 GEMM."""
     if nested is not None:
         absmax = _effective_absmax(absmax, *nested)
     A2 = A.reshape(M, K)
     out2 = out.view(M, N)
-    slab = min(N, max(64, SLAB_BYTES // (K * 2)))
-    W = _slab_buffer(slab * K, torch.bfloat16).view(slab, K)
+    slab = min(N, max(64, slab_bytes // (K * 2)))
+    W = _slab_buffer(slab * K, torch.bfloat16, slab_bytes).view(slab, K)
     for n0 in range(0, N, slab):
         n1 = min(N, n0 + slab)
         Wt = W[: n1 - n0]
