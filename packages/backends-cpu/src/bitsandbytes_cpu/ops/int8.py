@@ -28,6 +28,7 @@ from ._threads import threads
 INT_MM_MIN_ROWS = 16
 # Whether the route above is taken; None: by CPU feature (AMX) and torch version. Tests set it.
 INT_MM: bool | None = None
+_TORCH_INT_MM_EXACT = torch.__version__ >= (2, 6)  # parsed once: a version comparison costs microseconds
 
 
 def _int_mm_route(M: int, N: int, K: int) -> bool:
@@ -35,7 +36,7 @@ def _int_mm_route(M: int, N: int, K: int) -> bool:
         return False
     if INT_MM is not None:
         return INT_MM
-    return amx_tiles() and torch.__version__ >= (2, 6)
+    return _TORCH_INT_MM_EXACT and amx_tiles()
 
 
 def _int_mm_into(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:
