@@ -7,10 +7,21 @@ import functools
 import torch
 
 
+def _torch_cpu_reports(probe: str) -> bool:
+    fn = getattr(getattr(torch, "cpu", None), probe, None)
+    return bool(fn()) if fn is not None else False
+
+
+@functools.cache
+def bf16_gemm_hardware() -> bool:
+    """Whether torch's bf16 GEMM has bf16 hardware under it here (AVX512-BF16 or AMX) rather than
+    converting to fp32 inside its kernel."""
+    return _torch_cpu_reports("_is_avx512_bf16_supported") or _torch_cpu_reports("_is_amx_tile_supported")
+
+
 @functools.cache
 def amx_tiles() -> bool:
     """Whether torch's oneDNN runs its bf16 and int8 GEMMs on AMX tiles here (CPUID and the OS's
     permission, as torch itself checks them). Our kernels use AVX-512 only, so on such a CPU torch's
     GEMMs do many rows several times faster (numbers in docs/pages/cpu.md, "AMX")."""
-    probe = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
+    return _torch_cpu_reports("_is_amx_tile_supported")

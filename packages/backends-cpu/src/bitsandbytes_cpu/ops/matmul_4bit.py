@@ -11,7 +11,6 @@ GEMM is fast (_fast_bf16_gemm). The crossover is a row count measured per dtype 
 
 from __future__ import annotations
 
-import functools
 import threading
 
 import torch
@@ -21,7 +20,7 @@ from bitsandbytes._ops import check_gemm_4bit
 from bitsandbytes.backends import kit
 
 from ._capsules import native as _C
-from ._features import amx_tiles
+from ._features import amx_tiles, bf16_gemm_hardware
 from ._threads import threads
 
 # Rows of A up to which the fused kernel is used; above it, dequantize + torch GEMM. Measured on
@@ -69,18 +68,11 @@ def _fast_bf16_gemm() -> bool:
     at M = 32 and 100 at M = 512), so the fp32 tiles win there. With them its bf16 GEMM does two
     multiply-adds per fp32 lane (vdpbf16ps) or tiles (AMX) and reads half the bytes: the bf16 slabs,
     the route measured on Zen 4 when FUSED_MAX_ROWS and BF16_TILE_MAX_ROWS were set, stay there."""
-    return _cpu_has_fast_bf16() if FAST_BF16_GEMM is None else FAST_BF16_GEMM
+    return bf16_gemm_hardware() if FAST_BF16_GEMM is None else FAST_BF16_GEMM
 
 
 def _amx_bf16() -> bool:
     return amx_tiles() if AMX_BF16 is None else AMX_BF16
-
-
-@functools.cache
-def _cpu_has_fast_bf16() -> bool:
-    cpu = getattr(torch, "cpu", None)
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(cpu, p, lambda: False)() for p in probes)
 
 
 _TABLES: dict[str, torch.Tensor] = {}
