@@ -561,7 +561,8 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """CPU benchmark (a benchmark, not a test; the targets of issue 19): native kernels vs the reference,
     upstream bitsandbytes in a venv of its own, and dense torch; 2 threads. Writes
-    packages/backends-cpu/bench/results/cpu_bench.{md,json}. `nox -s bench -- --quick`: one shape, ~4 min."""
+    packages/backends-cpu/bench/results/cpu_bench.{md,json}. `nox -s bench -- --quick`: one shape, ~4 min;
+    `-- --smoke`: every row at toy sizes, once (checks the harness runs here; tests/test_bench_smoke.py)."""
     # transformers: the decode-loop row builds a Llama-shaped model from a config (both sides).
     install(session, "torch", "transformers", "-e", CORE)
     install(session, "./packages/backends-cpu")

@@ -597,6 +597,21 @@ class Budget:
 
 QUICK = Budget(0.25, 3, 15)
 FULL = Budget(1.0, 5, 50)
+SMOKE = Budget(0.0, 1, 1)
+
+
+def use_smoke_sizes() -> None:
+    """``--smoke``: the quick mode's rows at toy sizes, one timed round each, so that the whole harness
+    (every row, both sides, the report and its targets) runs in a minute or two anywhere, an emulated
+    arm64 included (ci/arm64, tests/test_bench_smoke.py). Its numbers mean nothing. Both processes call
+    it before building a case, so both time the same tensors."""
+    global SHAPES_QUICK, BATCHES, ADAM_SHAPE, STREAM_BYTES, COPY_BYTES, DECODE
+    SHAPES_QUICK = ((256, 512),)
+    BATCHES = (4, 16)
+    ADAM_SHAPE = (256, 512)
+    STREAM_BYTES = 2**20
+    COPY_BYTES = 4 * 2**20
+    DECODE = {"hidden": 64, "intermediate": 128, "layers": 1, "heads": 4, "vocab": 128, "prompt": 4, "new": 3}
 
 
 def measure(fn: Callable[[], object], budget: Budget, calls: int = 1, warmup: int = 1) -> dict:
@@ -620,7 +635,7 @@ def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Bud
     load change on a shared machine hits every implementation alike (their ratios are what counts).
 
     Each gets warm-up rounds, then rounds until it has spent ``budget.seconds`` and done
-    ``budget.min_reps`` rounds (3 when one round alone takes half the budget: the reference kernels
+    ``budget.min_reps`` rounds (at most 3 when one round alone takes half the budget: the reference kernels
     and upstream's torch fallbacks, whose medians are stable enough so), or ``budget.max_reps``.
     One that raises during warm-up gets ``{"error": ...}`` and the others go on.
     """
@@ -635,7 +650,7 @@ def measure_many(impls: dict[str, tuple[Callable[[], object], int]], budget: Bud
                 slow = slow or time.perf_counter() - t0 > budget.seconds / 2
         except Exception as exc:  # a kernel under construction must not take the others down
             failed[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        min_reps[name] = 3 if slow else budget.min_reps
+        min_reps[name] = min(3, budget.min_reps) if slow else budget.min_reps
     impls = {name: impl for name, impl in impls.items() if name not in failed}
     rounds: dict[str, list[float]] = {name: [] for name in impls}
     spent = dict.fromkeys(impls, 0.0)

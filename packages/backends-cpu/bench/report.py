@@ -248,6 +248,12 @@ def _fmt_value(v: dict) -> str:
 # Markdown.
 
 
+def _mode(meta: dict) -> str:
+    if meta.get("smoke"):
+        return "smoke (toy sizes, one round each: the numbers mean nothing)"
+    return "quick" if meta["quick"] else "full"
+
+
 def _load(meta: dict) -> str:
     loads = [meta.get("load_start"), meta.get("load_end")]
     return ", ".join("?" if v is None else f"{v:.1f}" for v in loads)
@@ -259,7 +265,7 @@ def render(results: dict) -> str:
     lines = [
         "# CPU benchmark: bitsandbytes-cpu vs the reference kernels, upstream bitsandbytes and dense torch",
         "",
-        f"- mode: {'quick' if meta['quick'] else 'full'}; {meta['date']}; wall time {meta.get('wall_s', 0):.0f} s",
+        f"- mode: {_mode(meta)}; {meta['date']}; wall time {meta.get('wall_s', 0):.0f} s",
         f"- machine: {meta['cpu']}; torch threads: **{meta['threads']}** (ours, reference, dense and upstream); "
         f"1-min load average {_load(meta)} (start, end: above ~0.5 other processes share the cores, times are noisy)",
         f"- ours: bitsandbytes-cpu {meta['backend_version']}, ISA {meta['isa']}; torch {meta['torch']}",

@@ -10,7 +10,7 @@ For every op and weight shape of issues 3 and 19 it times, in one invocation and
 and this machine's copy and pure-read bandwidths, for GB/s as a share of what memory can do. Results (markdown +
 JSON) go to ``results/`` next to this file; the issue's targets are judged at the end.
 
-    python run.py [--quick] [--threads 2] [--upstream-python PATH] [--only SUBSTRING]
+    python run.py [--quick | --smoke] [--threads 2] [--upstream-python PATH] [--only SUBSTRING] [--out DIR]
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import user_api  # noqa: E402
 class Upstream:
     """The upstream worker: one long-lived subprocess in upstream's venv, one case per request."""
 
-    def __init__(self, python: str, threads: int, quick: bool) -> None:
+    def __init__(self, python: str, threads: int, mode: list[str]) -> None:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bnb-bench-upstream-", suffix=".log", delete=False)
-        cmd = [python, str(HERE / "upstream_worker.py"), "--threads", str(threads)] + (["--quick"] if quick else [])
+        cmd = [python, str(HERE / "upstream_worker.py"), "--threads", str(threads), *mode]
         # The worker must not see our packages: a clean environment apart from what python needs.
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         self.proc = subprocess.Popen(
@@ -296,15 +296,30 @@ def main(argv: list[str] | None = None) -> int:
         help="4096x4096 only, 5 of the 12 Linear4bit formats (user_api.QUICK_MATRIX), shorter timing budget "
         "(about 4 minutes)",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the quick rows at toy sizes, one round each: checks that the harness runs here (numbers "
+        "mean nothing; --out defaults to a temporary folder)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads for every side (default 2)")
     parser.add_argument("--upstream-python", default="", help="interpreter of a venv with upstream bitsandbytes")
     parser.add_argument("--only", default="", help="run only the cases whose id contains this substring")
-    parser.add_argument("--out", type=Path, default=HERE / "results", help="directory for cpu_bench.md/.json")
+    parser.add_argument("--out", type=Path, default=None, help="directory for cpu_bench.md/.json (default: results/)")
     args = parser.parse_args(argv)
+    if args.smoke and args.quick:
+        parser.error("--smoke and --quick are two modes; pick one")
+    mode = ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
+    if args.smoke:
+        # The saved results are real measurements: a smoke run never replaces them.
+        common.use_smoke_sizes()
+        args.quick = True
+        args.out = args.out or Path(tempfile.mkdtemp(prefix="bnb-bench-smoke-"))
+    args.out = args.out or HERE / "results"
 
     start = time.perf_counter()
     threads = common.set_threads(args.threads)
-    budget = common.QUICK if args.quick else common.FULL
+    budget = common.SMOKE if args.smoke else common.QUICK if args.quick else common.FULL
 
     # bitsandbytes first: its import loads the cpu backend through the entry point. (Importing
     # bitsandbytes_cpu first makes that load see a partially initialised module and skip the backend.)
@@ -321,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     native = native_ops()
     meta = {
         "quick": args.quick,
+        "smoke": args.smoke,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_name(),
         "threads": threads,
@@ -335,12 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     copy_start, read_start = common.copy_bandwidth(budget), common.read_bandwidth(budget)
     print(f"copy bandwidth {copy_start['GBps']:.1f} GB/s, read {read_start['GBps']:.1f} GB/s", flush=True)
     # The last saved run of the same mode: "every existing row stays at least as fast" is judged against it.
-    baseline = report.load_baseline(args.out / "cpu_bench.json", args.quick)
+    baseline = None if args.smoke else report.load_baseline(args.out / "cpu_bench.json", args.quick)
 
     upstream, upstream_meta, upstream_error = None, None, "no --upstream-python given"
     if args.upstream_python:
         try:
-            upstream = Upstream(args.upstream_python, threads, args.quick)
+            upstream = Upstream(args.upstream_python, threads, mode)
             upstream_meta, upstream_error = upstream.meta, ""
             print(f"upstream bitsandbytes {upstream.meta['version']} ({args.upstream_python})", flush=True)
         except Exception as exc:
@@ -368,8 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                         f"upstream's first eval forward (the repack trigger) took {repack_ms:.0f} ms per layer, "
                         f"excluded from its time; weight repacked: {times['upstream'].get('repacked')}"
                     )
-            t = common.inputs(case)
-            impls, checks = our_impls(case, t, is_native)
+            try:
+                t = common.inputs(case)
+                impls, checks = our_impls(case, t, is_native)
+            except Exception as exc:  # e.g. the decode row without transformers: the other rows go on
+                t, impls, checks = {}, {}, {}
+                times["ours"] = {"error": f"{type(exc).__name__}: {exc}"}
+                case.notes.append(f"could not be set up here: {_first_line(times['ours']['error'])}")
             with torch.no_grad():
                 for name, timing in common.measure_many(impls, budget).items():
                     times[name] = timing

@@ -235,9 +235,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     threads = common.set_threads(args.threads)
     budget = common.QUICK if args.quick else common.FULL
+    if args.smoke:
+        common.use_smoke_sizes()
+        args.quick, budget = True, common.SMOKE
 
     import bitsandbytes as bnb
     import bitsandbytes.functional as F

@@ -1,0 +1,51 @@
+"""`nox -s bench` runs on this CPU: its harness at toy sizes (`run.py --smoke`), every row, with the ISA
+level this process runs. The numbers are not looked at (a benchmark, not a test); what fails here is a
+row that cannot run on this platform, as a bench meant for the day arm64 runs natively would otherwise
+find out then. Runs in `nox -s tests` and, under qemu, in `nox -s tests-arm64`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bitsandbytes_cpu import _C
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "run.py"
+
+
+def test_every_bench_row_runs_here(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads((tmp_path / "cpu_bench.json").read_text())
+    assert results["meta"]["smoke"] and results["meta"]["isa"] == _C.isa()
+    assert f"ISA {_C.isa()}" in (tmp_path / "cpu_bench.md").read_text()
+    # The decode row builds its model with transformers; every other row needs only torch and ours.
+    optional = set() if importlib.util.find_spec("transformers") else {"decode/llama"}
+    rows = results["cases"]
+    assert len(rows) >= 20
+    for r in rows:
+        if r["id"] in optional:
+            continue
+        assert r["native"], f"{r['id']}: its op has no native cpu kernel here"
+        assert "median_s" in r["times"].get("ours", {}), f"{r['id']}: {r['times'].get('ours')} {r['notes']}"
+        if "reference" in r["times"]:
+            assert "median_s" in r["times"]["reference"], f"{r['id']}: the reference failed: {r['notes']}"
+
+
+def test_smoke_and_quick_are_two_modes(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--smoke", "--quick", "--out", str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "pick one" in done.stderr
