@@ -148,6 +148,23 @@ def test_out_pair_checks_the_inputs_and_out_overlap():
     assert pair["int8_linear_matmul"](A, A).tolist() == [[1, 1], [1, 1]]
 
 
+@pytest.mark.parametrize(
+    "wrap", [lambda t: t, lambda t: torch.nn.Parameter(t, requires_grad=False)], ids=["tensor", "parameter"]
+)
+def test_out_overlap_is_byte_exact_for_contiguous_and_subclassed_inputs(wrap):
+    pair = kit.out_pair("int8_linear_matmul", lambda A, B, out: out.fill_(3))
+    buf = torch.zeros(64, dtype=torch.int32)
+    A = torch.ones(2, 4, dtype=torch.int8)
+    # A contiguous input that ends one byte into out, and one that ends right where out starts.
+    inside = wrap(buf.view(torch.int8)[9 : 9 + 8].view(2, 4))
+    with pytest.raises(ValueError, match="out must not share memory with B"):
+        pair["int8_linear_matmul.out"](A, inside, buf[4:8].view(2, 2))
+    before = wrap(buf.view(torch.int8)[8:16].view(2, 4))
+    out = buf[4:8].view(2, 2)
+    pair["int8_linear_matmul.out"](A, before, out)
+    assert out.tolist() == [[3, 3], [3, 3]]
+
+
 def test_out_pair_native_false_runs_the_reference():
     called = []
     pair = kit.out_pair("dequantize_4bit", lambda *a: called.append(a), native=lambda *args: args[2] != 64)

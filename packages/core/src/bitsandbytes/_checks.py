@@ -124,14 +124,21 @@ def packed_4bit_bytes(n: int) -> int:
 def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:
     """The [first, last) addresses ``t``'s elements can occupy; None where there is no data to compare
     (empty, meta, or a tensor without storage such as a FakeTensor under torch.compile)."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    if t.numel() == 0 or t.device.type == "meta" or is_fake(t):
+    if t.numel() == 0 or t.device.type == "meta":
         return None
+    # A plain tensor that no functionalization wraps has storage: is_fake (microseconds per call, five
+    # tensors per .out call) is asked only for subclasses and wrappers.
+    if type(t) is not torch.Tensor or torch._is_functional_tensor(t):
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(t):
+            return None
     try:
         start = t.data_ptr()
     except RuntimeError:  # other tensor subclasses without real storage
         return None
+    if t.is_contiguous():
+        return start, start + t.numel() * t.element_size()
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
     return start, start + (last + 1) * t.element_size()
 
