@@ -195,6 +195,20 @@ Isa best_isa() {
 
 Isa active_isa() { return Isa(active().load(std::memory_order_relaxed)); }
 
+bool cpu_is_amd() {
+#if defined(BNB_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
+#elif defined(BNB_HAVE_AVX2) && defined(_MSC_VER)
+  int r[4];
+  __cpuid(r, 0);  // vendor string in EBX, EDX, ECX: "AuthenticAMD"
+  return r[1] == 0x68747541 && r[3] == 0x69746e65 && r[2] == 0x444d4163;
+#else
+  return false;
+#endif
+}
+
 void set_active_isa(const std::string& name) {
   std::string known;
   for (Isa isa : supported_isas()) {

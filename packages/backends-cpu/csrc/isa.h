@@ -19,6 +19,9 @@ Isa best_isa();
 Isa active_isa();
 // Throws std::invalid_argument (ValueError in Python) for an unknown or unsupported level.
 void set_active_isa(const std::string& name);
+// Whether the CPU's vendor is AMD (x86 CPUID); false elsewhere. Kernels whose fastest form differs
+// between AMD's and Intel's cores (gathers) ask it.
+bool cpu_is_amd();
 
 }  // namespace bnb
 

@@ -9,6 +9,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import platform
+from pathlib import Path
+
 import pytest
 import torch
 from native_helpers import isa, num_threads
@@ -81,20 +85,34 @@ def _grad(n, dtype, seed):
     return g
 
 
+# The AVX-512 8-bit step reads its 256-entry maps by a gather or from 16 registers (the CPU's vendor picks
+# which, by speed): each way must give the reference's bytes. The other levels have one way.
+LEVEL_LOOKUPS = [(lv, lk) for lv in ISAS for lk in (("gather", "registers") if lv == "avx512" else ("auto",))]
+
+
+@contextlib.contextmanager
+def map_lookup(name):
+    _C.set_optimizer_map_lookup(name)
+    try:
+        yield
+    finally:
+        _C.set_optimizer_map_lookup("auto")
+
+
 OP8 = torch.ops.bitsandbytes.optimizer_update_8bit_blockwise
 OP32 = torch.ops.bitsandbytes.optimizer_update_32bit
 
 
-@pytest.mark.parametrize("level", ISAS)
+@pytest.mark.parametrize(("level", "lookup"), LEVEL_LOOKUPS)
 @pytest.mark.parametrize("map_name", list(MAPS))
 @pytest.mark.parametrize("name", NAMES)
-def test_8bit_codes_identical_to_reference(name, map_name, level):
+def test_8bit_codes_identical_to_reference(name, map_name, level, lookup):
     qmap1, qmap2 = MAPS[map_name]
     n = 5 * OPTIMIZER_BLOCKSIZE + 77
     p = torch.randn(n, generator=torch.Generator().manual_seed(1))
     st = _state8(name, n, 2, qmap1, qmap2)
     ref_p, ref_st = p.clone(), _clone(st)
-    with isa(level):
+    with isa(level), map_lookup(lookup):
         for step in (1, 2):
             g = _grad(n, torch.float32, 10 + step)
             _run8(OP8, name, g, p, st, qmap1, qmap2, step, skip=step == 2)
@@ -107,9 +125,9 @@ def test_8bit_codes_identical_to_reference(name, map_name, level):
             ref_p.copy_(p)  # p may differ in the last bit (sqrt): restart the reference from ours
 
 
-@pytest.mark.parametrize("level", ISAS)
+@pytest.mark.parametrize(("level", "lookup"), LEVEL_LOOKUPS)
 @pytest.mark.parametrize("name", NAMES)
-def test_8bit_nonfinite_gradients_match_reference(name, level):
+def test_8bit_nonfinite_gradients_match_reference(name, level, lookup):
     """NaN and +-inf gradients in some blocks (their states' absmax turns NaN or inf, the AVX2 sweep's
     checked search): the codes and absmax are the reference's byte for byte, p its values, NaN included."""
     qmap1, qmap2 = MAPS["dynamic"]
@@ -120,13 +138,39 @@ def test_8bit_nonfinite_gradients_match_reference(name, level):
     g = _grad(n, torch.float32, 13)
     g[5], g[OPTIMIZER_BLOCKSIZE + 9], g[3 * OPTIMIZER_BLOCKSIZE + 200] = float("nan"), float("inf"), -float("inf")
     g[n - 3] = float("nan")  # the short last block
-    with isa(level):
+    with isa(level), map_lookup(lookup):
         _run8(OP8, name, g, p, st, qmap1, qmap2, 1)
     _run8(REFERENCE["optimizer_update_8bit_blockwise"], name, g, ref_p, ref_st, qmap1, qmap2, 1)
     for got, want, what in zip(st, ref_st, ("state1", "state2", "absmax1", "absmax2"), strict=True):
         if want is not None:
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"{name} {level}: {what} differs"
     torch.testing.assert_close(p, ref_p, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def _cpu_vendor() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"), reason="needs an x86-64 CPU (the lookup is AVX-512's)"
+)
+def test_map_lookup_auto_follows_the_vendor_and_rejects_unknown_names():
+    vendor = _cpu_vendor()
+    if vendor is None:
+        pytest.skip("needs Linux's /proc/cpuinfo to name the CPU's vendor")
+    with map_lookup("auto"):
+        assert _C.optimizer_map_lookup() == ("registers" if vendor == "AuthenticAMD" else "gather")
+    for name in ("gather", "registers"):
+        with map_lookup(name):
+            assert _C.optimizer_map_lookup() == name
+    with pytest.raises(ValueError, match="auto, gather, registers; got 'gathers'"):
+        _C.set_optimizer_map_lookup("gathers")
 
 
 def _run_all(level, threads, name, dtype, bits):

@@ -128,23 +128,10 @@ template <DType D>
 void dequantize_block(const uint8_t* A, float scale, const float* code, int64_t len, typename Elem<D>::T* out) {
   int64_t i = 0;
 #if defined(BNB_ISA_AVX512)
-  // The 256-entry map in 16 registers: vpermt2ps reads 32 entries by the low 5 index bits, and bits
-  // 5-7 pick among the 8 results (cheaper than a gather on cores where gathers are microcoded).
+  // The map in 16 registers: cheaper than a gather on cores where gathers are microcoded.
   const __m512 s = _mm512_set1_ps(scale);
-  __m512 t[16];
-  for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(code + 16 * k);
-  const __m512i b5 = _mm512_set1_epi32(32), b6 = _mm512_set1_epi32(64), b7 = _mm512_set1_epi32(128);
-  for (; i + 16 <= len; i += 16) {
-    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + i)));
-    __mmask16 k5 = _mm512_test_epi32_mask(idx, b5), k6 = _mm512_test_epi32_mask(idx, b6),
-              k7 = _mm512_test_epi32_mask(idx, b7);
-    __m512 r[4];
-    for (int q = 0; q < 4; ++q)
-      r[q] = _mm512_mask_blend_ps(k5, _mm512_permutex2var_ps(t[4 * q], idx, t[4 * q + 1]),
-                                  _mm512_permutex2var_ps(t[4 * q + 2], idx, t[4 * q + 3]));
-    __m512 v = _mm512_mask_blend_ps(k7, _mm512_mask_blend_ps(k6, r[0], r[1]), _mm512_mask_blend_ps(k6, r[2], r[3]));
-    store16<D>(out + i, _mm512_mul_ps(v, s));
-  }
+  const search8::MapInRegisters map(code);
+  for (; i + 16 <= len; i += 16) store16<D>(out + i, _mm512_mul_ps(map.codes(A + i), s));
 #elif defined(BNB_ISA_AVX2)
   const __m256 s = _mm256_set1_ps(scale);
   for (; i + 8 <= len; i += 8) store8<D>(out + i, _mm256_mul_ps(search8::lookup8_codes(code, A + i), s));

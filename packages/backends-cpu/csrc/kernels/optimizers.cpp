@@ -25,6 +25,11 @@ namespace {
 
 constexpr int64_t kBlock = BNB_OPTIMIZER_BLOCKSIZE;
 
+template <class T>
+struct Type {
+  using type = T;
+};
+
 // ---------------------------------------------------------------------------------------------------
 // g / p in their dtype <-> float32 (exact; the same bits as Elem<D> on every level)
 
@@ -224,23 +229,10 @@ void dequantize_block(const uint8_t* __restrict q, int64_t len, const float* __r
                       float* __restrict out) {
   int64_t i = 0;
 #if defined(BNB_ISA_AVX512)
-  // The map in 16 registers, looked up 32 entries at a time by permutes and merged on the code's top three
-  // bits: cheaper than a gather on the CPUs measured.
-  __m512 t[16];
-  for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(qmap + 16 * k);
+  // The last, partial block only (full blocks take step_block_vec): the map in 16 registers.
+  const search8::MapInRegisters map(qmap);
   const __m512 vs = _mm512_set1_ps(scale);
-  const __m512i bit5 = _mm512_set1_epi32(32), bit6 = _mm512_set1_epi32(64), bit7 = _mm512_set1_epi32(128);
-  for (; i + 16 <= len; i += 16) {
-    __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i)));
-    __mmask16 b5 = _mm512_test_epi32_mask(idx, bit5), b6 = _mm512_test_epi32_mask(idx, bit6);
-    __mmask16 b7 = _mm512_test_epi32_mask(idx, bit7);
-    __m512 r[4];
-    for (int k = 0; k < 4; ++k)
-      r[k] = _mm512_mask_blend_ps(b5, _mm512_permutex2var_ps(t[4 * k], idx, t[4 * k + 1]),
-                                  _mm512_permutex2var_ps(t[4 * k + 2], idx, t[4 * k + 3]));
-    __m512 value = _mm512_mask_blend_ps(b7, _mm512_mask_blend_ps(b6, r[0], r[1]), _mm512_mask_blend_ps(b6, r[2], r[3]));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(value, vs));
-  }
+  for (; i + 16 <= len; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(map.codes(q + i), vs));
 #elif defined(BNB_ISA_AVX2)
   const __m256 vs = _mm256_set1_ps(scale);
   for (; i + 8 <= len; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(search8::lookup8_codes(qmap, q + i), vs));
@@ -483,14 +475,22 @@ struct Avx512 {
   static void store(typename Elem<D>::T* p, F v) {
     store16<D>(p, v);
   }
-  // The 256-entry map by one vpgatherdd of 16 (from L1): on the Xeon measured (AVX-512, AMX) it beat the
-  // permutes over the map held in 16 registers (8 vpermt2ps and 7 blends; Adam8bit step about 0.8x the time).
-  struct Codes {
+  // The 256-entry map read by 16 codes, two ways with the same bits (OptStep::map_in_registers picks):
+  // one vpgatherdd of 16 from L1, which on the Xeon measured (AVX-512, AMX) beat the permutes (Adam8bit
+  // step about 0.8x the time), or the map held in 16 registers, which on AMD's Zen 4 beat the gather
+  // (Adam8bit 0.89x, Lion8bit 0.87x; a vpgatherdd of 16 costs about 22 cycles there, measured by taking
+  // the gathers out of the step).
+  struct GatherCodes {
     const float* qmap;
-    explicit Codes(const float* q) : qmap(q) {}
+    explicit GatherCodes(const float* q) : qmap(q) {}
     F operator()(const uint8_t* q) const {
       return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))), qmap, 4);
     }
+  };
+  struct RegisterCodes {
+    search8::MapInRegisters map;
+    explicit RegisterCodes(const float* q) : map(q) {}
+    F operator()(const uint8_t* q) const { return map.codes(q); }
   };
   static I zero() { return _mm512_setzero_si512(); }
   static I max_magnitude(I top, F v) {
@@ -576,9 +576,9 @@ struct StepVec {
 // One full block of the 8-bit step in a single sweep: dequantize every state, step, write p and keep the
 // new states in L1 with their absmax (integer max of the magnitude bits, as absmax_of) in registers;
 // then the new codes. No scalar pass over the block in between.
-template <DType D, int R, bool WD, bool SKIP>
+template <DType D, int R, bool WD, bool SKIP, class Codes>
 void step_block_vec(const OptStep& st, const typename Elem<D>::T* g, typename Elem<D>::T* p, const QState* q,
-                    const typename Vec::Codes* codes, int64_t b) {
+                    const Codes* codes, int64_t b) {
   using V = Vec;
   using F = typename V::F;
   using I = typename V::I;
@@ -718,11 +718,19 @@ void optimizer_update_8bit_blockwise(const OptStep& st, DType dtype, const void*
         alignas(64) float gbuf[kBlock], pbuf[kBlock], sbuf[3][kBlock];
         int64_t b = b0;
 #if defined(BNB_ISA_AVX2) || defined(BNB_ISA_AVX512)
-        if (b < b1 && (b + 1) * kBlock <= n) {
-          const Vec::Codes codes[3] = {Vec::Codes(q[0].qmap), Vec::Codes(q[n_states > 1 ? 1 : 0].qmap),
-                                       Vec::Codes(q[n_states > 2 ? 2 : 0].qmap)};
+        auto full_blocks = [&](auto codes_tag) {
+          using C = typename decltype(codes_tag)::type;
+          const C codes[3] = {C(q[0].qmap), C(q[n_states > 1 ? 1 : 0].qmap), C(q[n_states > 2 ? 2 : 0].qmap)};
           for (; b < b1 && (b + 1) * kBlock <= n; ++b) step_block_vec<D, R, WD, SKIP>(st, gt, pt, q, codes, b);
-        }
+        };
+#if defined(BNB_ISA_AVX512)
+        if (st.map_in_registers)
+          full_blocks(Type<Vec::RegisterCodes>{});
+        else
+          full_blocks(Type<Vec::GatherCodes>{});
+#else
+        full_blocks(Type<Vec::Codes>{});
+#endif
 #endif
         for (; b < b1; ++b) {
           int64_t start = b * kBlock, len = n - start < kBlock ? n - start : kBlock;

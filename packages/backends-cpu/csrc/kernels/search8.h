@@ -32,6 +32,29 @@ inline int keyed_slot(const NearestCode& map, float s) {
 }
 
 #if defined(BNB_ISA_AVX512)
+// The 256 entries of an 8-bit map in 16 registers, looked up 16 codes at a time: vpermt2ps reads 32 entries
+// by the low 5 index bits, bits 5-7 pick among the 8 results (8 permutes, 7 blends).
+struct MapInRegisters {
+  __m512 t[16];
+  explicit MapInRegisters(const float* code) {
+    for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(code + 16 * k);
+  }
+  __m512 operator()(__m512i idx) const {
+    const __mmask16 k5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+    const __mmask16 k6 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64));
+    const __mmask16 k7 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(128));
+    __m512 r[4];
+    for (int q = 0; q < 4; ++q)
+      r[q] = _mm512_mask_blend_ps(k5, _mm512_permutex2var_ps(t[4 * q], idx, t[4 * q + 1]),
+                                  _mm512_permutex2var_ps(t[4 * q + 2], idx, t[4 * q + 3]));
+    return _mm512_mask_blend_ps(k7, _mm512_mask_blend_ps(k6, r[0], r[1]), _mm512_mask_blend_ps(k6, r[2], r[3]));
+  }
+  // The entries of 16 code bytes.
+  __m512 codes(const uint8_t* q) const {
+    return (*this)(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+  }
+};
+
 // keyed_slot for 16 values: the AVX2 level's Keyed in 512-bit vectors, with masks for the compares. The
 // entry lookup is one vpgatherdd: on the Xeon measured (AVX-512, AMX) this beat the 8-step search through
 // the midpoints held in registers, which the level ran before (Adam8bit step 4096x4096: about 0.75x its time).
