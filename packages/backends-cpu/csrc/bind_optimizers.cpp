@@ -2,7 +2,6 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -39,16 +38,6 @@ const Name& lookup(const std::string& name) {
       "optimizer_name must be one of adam, momentum, rmsprop, lion, adagrad, ademamix, "
       "lamb, lars; got '" +
       name + "'");
-}
-
-// How the AVX-512 8-bit step reads its maps (OptStep::map_in_registers): "auto" (AMD: registers, others:
-// the gather, as measured on each), "gather" or "registers". Every choice gives the same bits.
-std::atomic<int> map_lookup{0};  // 0 auto, 1 gather, 2 registers
-constexpr const char* kLookups[] = {"auto", "gather", "registers"};
-
-bool map_in_registers() {
-  const int m = map_lookup.load(std::memory_order_relaxed);
-  return m == 2 || (m == 0 && cpu_is_amd());
 }
 
 // The step's scalars, computed as the reference computes them: in double (Python floats), then rounded
@@ -90,15 +79,6 @@ void check_params(Array& g, Array& p, DType* dt) {
 }  // namespace
 
 BNB_BINDINGS(optimizers) {
-  m.def("optimizer_map_lookup", [] { return std::string(map_in_registers() ? "registers" : "gather"); });
-  m.def(
-      "set_optimizer_map_lookup",
-      [](const std::string& name) {
-        for (int i = 0; i < 3; ++i)
-          if (name == kLookups[i]) return map_lookup.store(i, std::memory_order_relaxed);
-        throw std::invalid_argument("name must be one of auto, gather, registers; got '" + name + "'");
-      },
-      nb::arg("name"));
   m.def("optimizer_update_32bit",
         [](const std::string& name, Array g, Array p, Array state1, std::optional<Array> state2,
            std::optional<Array> unorm_vec, double max_unorm, double param_norm, double beta1, double beta2,

@@ -195,6 +195,22 @@ Isa best_isa() {
 
 Isa active_isa() { return Isa(active().load(std::memory_order_relaxed)); }
 
+namespace {
+std::atomic<int> map_lookup{0};  // 0 auto, 1 gather, 2 registers
+constexpr const char* kMapLookups[] = {"auto", "gather", "registers"};
+}  // namespace
+
+bool map_in_registers() {
+  const int m = map_lookup.load(std::memory_order_relaxed);
+  return m == 2 || (m == 0 && cpu_is_amd());
+}
+
+void set_map_lookup(const std::string& name) {
+  for (int i = 0; i < 3; ++i)
+    if (name == kMapLookups[i]) return map_lookup.store(i, std::memory_order_relaxed);
+  throw std::invalid_argument("name must be one of auto, gather, registers; got '" + name + "'");
+}
+
 bool cpu_is_amd() {
 #if defined(BNB_HAVE_AVX2) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();

@@ -19,9 +19,14 @@ Isa best_isa();
 Isa active_isa();
 // Throws std::invalid_argument (ValueError in Python) for an unknown or unsupported level.
 void set_active_isa(const std::string& name);
-// Whether the CPU's vendor is AMD (x86 CPUID); false elsewhere. Kernels whose fastest form differs
-// between AMD's and Intel's cores (gathers) ask it.
+// Whether the CPU's vendor is AMD (x86 CPUID); false elsewhere.
 bool cpu_is_amd();
+// How AVX-512 kernels read a 256-entry table of floats by 8-bit codes (the 8-bit optimizers' maps, double
+// quantization's scale codes): from 16 registers (permutes) or by a vpgatherdd of 16. Both give the same
+// bits; the faster differs by core (measured: registers on AMD's Zen 4, the gather on an Intel Xeon), so
+// "auto" picks by vendor. set_map_lookup throws std::invalid_argument for a name not auto, gather, registers.
+bool map_in_registers();
+void set_map_lookup(const std::string& name);
 
 }  // namespace bnb
 

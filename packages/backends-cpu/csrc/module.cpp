@@ -35,5 +35,10 @@ NB_MODULE(_C, m) {
       },
       "Levels this build compiled, lowest first (this CPU may run fewer: supported_isas).");
   m.def("set_isa", &bnb::set_active_isa, nb::arg("name"), "Run kernels at this level (at most best_isa()).");
+  m.def(
+      "map_lookup", [] { return std::string(bnb::map_in_registers() ? "registers" : "gather"); },
+      "How AVX-512 kernels read 8-bit code tables now: 'registers' or 'gather' (the same bits either way).");
+  m.def("set_map_lookup", &bnb::set_map_lookup, nb::arg("name"),
+        "'auto' (by CPU vendor: registers on AMD, the gather elsewhere), 'gather' or 'registers'.");
   for (auto fn : bnb::binding_registry()) fn(m);
 }

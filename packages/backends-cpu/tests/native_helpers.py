@@ -1,4 +1,5 @@
-"""Context managers the native-kernel tests share: run at one ISA level, or with n torch threads."""
+"""Context managers the native-kernel tests share: run at one ISA level, with n torch threads, or with one way
+of reading 8-bit code tables."""
 
 from __future__ import annotations
 
@@ -27,3 +28,22 @@ def num_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def map_lookup(name: str):
+    """AVX-512 kernels read 8-bit code tables (optimizer maps, double quantization's scale codes) by a gather
+    or from registers, by CPU vendor ("auto"); each way must give the same bytes."""
+    _C.set_map_lookup(name)
+    try:
+        yield
+    finally:
+        _C.set_map_lookup("auto")
+
+
+# Every ISA level, and at avx512 both ways of reading code tables (the other levels have one).
+LEVEL_LOOKUPS = [
+    (level, lookup)
+    for level in _C.supported_isas()
+    for lookup in (("gather", "registers") if level == "avx512" else ("auto",))
+]

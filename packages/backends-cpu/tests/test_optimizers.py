@@ -9,13 +9,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import platform
 from pathlib import Path
 
 import pytest
 import torch
-from native_helpers import isa, num_threads
+from native_helpers import LEVEL_LOOKUPS, isa, map_lookup, num_threads
 
 import bitsandbytes  # noqa: F401  (loads the cpu backend)
 from bitsandbytes import functional
@@ -85,20 +84,6 @@ def _grad(n, dtype, seed):
     return g
 
 
-# The AVX-512 8-bit step reads its 256-entry maps by a gather or from 16 registers (the CPU's vendor picks
-# which, by speed): each way must give the reference's bytes. The other levels have one way.
-LEVEL_LOOKUPS = [(lv, lk) for lv in ISAS for lk in (("gather", "registers") if lv == "avx512" else ("auto",))]
-
-
-@contextlib.contextmanager
-def map_lookup(name):
-    _C.set_optimizer_map_lookup(name)
-    try:
-        yield
-    finally:
-        _C.set_optimizer_map_lookup("auto")
-
-
 OP8 = torch.ops.bitsandbytes.optimizer_update_8bit_blockwise
 OP32 = torch.ops.bitsandbytes.optimizer_update_32bit
 
@@ -165,12 +150,12 @@ def test_map_lookup_auto_follows_the_vendor_and_rejects_unknown_names():
     if vendor is None:
         pytest.skip("needs Linux's /proc/cpuinfo to name the CPU's vendor")
     with map_lookup("auto"):
-        assert _C.optimizer_map_lookup() == ("registers" if vendor == "AuthenticAMD" else "gather")
+        assert _C.map_lookup() == ("registers" if vendor == "AuthenticAMD" else "gather")
     for name in ("gather", "registers"):
         with map_lookup(name):
-            assert _C.optimizer_map_lookup() == name
+            assert _C.map_lookup() == name
     with pytest.raises(ValueError, match="auto, gather, registers; got 'gathers'"):
-        _C.set_optimizer_map_lookup("gathers")
+        _C.set_map_lookup("gathers")
 
 
 def _run_all(level, threads, name, dtype, bits):

@@ -7,6 +7,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "isa.h"
+#include "kernels/search8.h"
+
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
 #include <immintrin.h>
 #endif
@@ -810,17 +813,27 @@ inline const float* row_scales(const float* absmax, const NestedAbsmax* nested, 
   int64_t b = b0;
 #if defined(BNB_ISA_AVX512)
   // 16 blocks at a time where they share one absmax2 (a group of BNB_DOUBLE_QUANT_BLOCKSIZE blocks): the
-  // codes gathered, then nested_scale's multiply and add (two roundings, no FMA): the same bits.
-  const __m512 offset = _mm512_set1_ps(nested->offset);
-  for (; b + 16 <= b1; b += 16) {
-    if (b / BNB_DOUBLE_QUANT_BLOCKSIZE != (b + 15) / BNB_DOUBLE_QUANT_BLOCKSIZE) {
-      for (int64_t i = b; i < b + 16; ++i) buf[size_t(i - b0)] = nested_scale(absmax, *nested, i);
-      continue;
+  // codes looked up (by a gather, or from 16 registers: map_in_registers), then nested_scale's multiply
+  // and add (two roundings, no FMA): the same bits.
+  auto expand = [&](auto lookup) {
+    const __m512 offset = _mm512_set1_ps(nested->offset);
+    for (; b + 16 <= b1; b += 16) {
+      if (b / BNB_DOUBLE_QUANT_BLOCKSIZE != (b + 15) / BNB_DOUBLE_QUANT_BLOCKSIZE) {
+        for (int64_t i = b; i < b + 16; ++i) buf[size_t(i - b0)] = nested_scale(absmax, *nested, i);
+        continue;
+      }
+      const __m512 v = _mm512_mul_ps(lookup(nested->q + b), _mm512_set1_ps(absmax[b / BNB_DOUBLE_QUANT_BLOCKSIZE]));
+      _mm512_storeu_ps(buf.data() + (b - b0), _mm512_add_ps(v, offset));
     }
-    const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(nested->q + b)));
-    const __m512 v = _mm512_mul_ps(_mm512_i32gather_ps(idx, nested->code, 4),
-                                   _mm512_set1_ps(absmax[b / BNB_DOUBLE_QUANT_BLOCKSIZE]));
-    _mm512_storeu_ps(buf.data() + (b - b0), _mm512_add_ps(v, offset));
+  };
+  if (b1 - b0 >= 256 && map_in_registers()) {  // the 16 registers' load pays off over many blocks
+    const search8::MapInRegisters map(nested->code);
+    expand([&](const uint8_t* q) { return map.codes(q); });
+  } else {
+    expand([&](const uint8_t* q) {
+      return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
+                                 nested->code, 4);
+    });
   }
 #endif
   for (; b < b1; ++b) buf[size_t(b - b0)] = nested_scale(absmax, *nested, b);

@@ -28,9 +28,8 @@ struct OptStep {
   float norm_correction2;  //                        1 - beta2^t
   bool first_step;         // momentum: m = g on step 1
   bool skip_zeros;
-  // How the AVX-512 8-bit step reads its states' 256-entry maps: from 16 registers (permutes) rather than
-  // by a vpgatherdd of 16. Either gives the same bits; which is faster depends on the core (see
-  // optimizers.cpp). The binding sets it (_C.set_optimizer_map_lookup).
+  // How the AVX-512 8-bit step reads its states' 256-entry maps: from 16 registers rather than by a
+  // gather (isa.h's map_in_registers(), read once per call by the binding).
   bool map_in_registers;
 };
 
