@@ -478,7 +478,7 @@ struct Avx512 {
   // The 256-entry map read by 16 codes, two ways with the same bits (OptStep::map_in_registers picks):
   // one vpgatherdd of 16 from L1, which on the Xeon measured (AVX-512, AMX) beat the permutes (Adam8bit
   // step about 0.8x the time), or the map held in 16 registers, which on AMD's Zen 4 beat the gather
-  // (Adam8bit 0.89x, Lion8bit 0.87x; a vpgatherdd of 16 costs about 22 cycles there, measured by taking
+  // (one thread: Adam8bit 0.89x, Lion8bit 0.81x; a vpgatherdd of 16 costs about 22 cycles there, measured by taking
   // the gathers out of the step).
   struct GatherCodes {
     const float* qmap;
