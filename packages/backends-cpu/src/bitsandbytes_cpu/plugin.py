@@ -38,6 +38,8 @@ def _diagnostics() -> dict:
         "supported isas": ", ".join(_C.supported_isas()),
         "compiled isas": ", ".join(_C.compiled_isas()),
         "threads (torch.get_num_threads)": torch.get_num_threads(),
+        # How AVX-512 kernels read 8-bit code tables (same bits either way; by CPU vendor unless set).
+        "8-bit table lookup": _C.map_lookup() if _C.isa() == "avx512" else "- (avx512 only)",
         "native ops": sum(dispatch.has_kernel(op, "CPU") for op in ops.all_ops()),
     }
 
