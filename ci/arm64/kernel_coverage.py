@@ -36,6 +36,8 @@ NOT_KERNELS = {
     "gemv_4bit_bf16_dot",
     "thread_runtime",
     "set_thread_runtime",
+    "map_lookup",
+    "set_map_lookup",
     "_convert",
 }
 
