@@ -126,9 +126,14 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int] | None:
     (empty, meta, or a tensor without storage such as a FakeTensor under torch.compile)."""
     if t.numel() == 0 or t.device.type == "meta":
         return None
-    # A plain tensor that no functionalization wraps has storage: is_fake (microseconds per call, five
-    # tensors per .out call) is asked only for subclasses and wrappers.
-    if type(t) is not torch.Tensor or torch._is_functional_tensor(t):
+    # A plain tensor that neither functionalization nor functorch wraps has storage: torch's is_fake
+    # (microseconds per call, five tensors per .out call) is asked only for subclasses and those wrappers,
+    # the cases its own implementation unwraps.
+    if (
+        type(t) is not torch.Tensor
+        or torch._is_functional_tensor(t)
+        or torch._C._functorch.is_functorch_wrapped_tensor(t)
+    ):
         from torch._subclasses.fake_tensor import is_fake
 
         if is_fake(t):
