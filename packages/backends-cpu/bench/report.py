@@ -6,12 +6,17 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 IMPLS = ("ours", "reference", "upstream", "dense")
+# Extra measurements of ours, in the same rounds, that the limits section reads: one layer called again and
+# again (its weights stay in cache: what the compute alone takes), ours at one thread (does the row scale
+# with cores?), and the weight's decode into bf16 alone (what a decode-then-GEMM adds to torch's GEMM).
+LIMIT_IMPLS = ("ours_hot", "ours_1thread", "decode")
 
 
 def _t(case: dict, impl: str) -> float | None:
@@ -75,6 +80,8 @@ class Target:
     unit: str  # "x" (a ratio) or "%" (of copy bandwidth)
     needs: str  # the column the value needs besides ours ("upstream", "dense" or "" for none)
     compact: bool = False  # the summary lists only its unmet rows, and counts the met ones
+    # For an unmet row: what bounds it, from this run's measurements (LIMIT_IMPLS), and what would meet it.
+    limit: Callable[[dict, dict], str | None] | None = None
 
 
 def _vs_baseline(case: dict, ctx: dict) -> float | None:
@@ -90,6 +97,127 @@ def _linears_alone_ratio(case: dict, ctx: dict) -> float | None:
     return alone / in_loop if alone and in_loop else None
 
 
+# ----------------------------------------------------------------------------------------------------
+# Limits: for a row that misses its target, the bound measured in the same run. Each says what the row
+# is bound by (compute at this thread count, or the decode it adds to torch's GEMM) and what would meet
+# the target, so that "not met" is either a measured limit of this machine or a gap left to close.
+
+
+def _cores(one_thread_s: float, needed_s: float) -> int:
+    """Cores like these that a row scaling linearly from its one-thread time needs to take needed_s."""
+    return math.ceil(one_thread_s / needed_s)
+
+
+def _compute_floor(case: dict, ctx: dict) -> tuple[float, float] | None:
+    """(seconds, % of copy at most): ours with the row's weights cache-resident (one layer, again and again)."""
+    hot = _t(case, "ours_hot")
+    if not hot or not case["bytes"]:
+        return None
+    return hot, 100 * case["bytes"] / hot / 1e9 / ctx["copy"]
+
+
+def _stream_limit(case: dict, ctx: dict) -> str | None:
+    floor = _compute_floor(case, ctx)
+    if floor is None:
+        return None
+    hot, ceiling = floor
+    head = (
+        f"compute floor: with the weights in cache ours takes {_ms(hot)} ms per layer, at most {ceiling:.0f}% "
+        f"of copy at {ctx['threads']} threads"
+    )
+    if ceiling >= 75:
+        return head + "; the compute allows 75%: the rest is memory stalls, a gap to close"
+    cores = math.ceil(ctx["threads"] * 75 / ceiling)
+    return head + f"; 75% needs {75 / ceiling:.2g}x this compute (about {cores} cores)"
+
+
+def _vs_upstream_limit(case: dict, ctx: dict) -> str | None:
+    floor, up = _compute_floor(case, ctx), _t(case, "upstream")
+    if floor is None or not up:
+        return None
+    hot = floor[0]
+    if hot < up:
+        return (
+            f"ours with the weights in cache takes {_ms(hot)} ms, below upstream's {_ms(up)}: memory stalls, "
+            "a gap to close"
+        )
+    head = f"compute-bound: ours with the weights in cache takes {_ms(hot)} ms, above upstream's {_ms(up)} ms streaming"
+    if " bf16 in" not in case["variant"]:
+        head += (
+            "; upstream's cpu gemv_4bit rounds A and absmax to bf16 and computes in bf16, ours keeps A's "
+            "precision (fp32 products): met by computing in bf16 as upstream does, or by a core with more "
+            "shuffle throughput"
+        )
+    return head
+
+
+def _scaling(case: dict, ctx: dict) -> tuple[float, float, float] | None:
+    one, all_ = _t(case, "ours_1thread"), _t(case, "ours")
+    if not one or not all_:
+        return None
+    floor = case["bytes"] / (ctx["copy"] * 1e9) if case["bytes"] else 0.0
+    return one, all_, floor
+
+
+def _bound(one: float, all_: float, floor: float, ctx: dict) -> str:
+    """What a row's one-thread and all-thread times say: compute scales with the cores, memory does not."""
+    if floor >= 0.8 * all_:
+        return "memory-bound"
+    if one / all_ >= 0.75 * ctx["threads"]:
+        return "compute-bound (scales with the cores)"
+    return "neither compute- nor memory-bound (does not scale with the threads): overheads, a gap to close"
+
+
+def _scaling_text(one: float, all_: float, floor: float, ctx: dict) -> str:
+    return (
+        f"1 thread {_ms(one)} ms, {ctx['threads']} threads {_ms(all_)} ms ({one / all_:.2f}x); its bytes at copy "
+        f"bandwidth take {_ms(floor)} ms"
+    )
+
+
+def _optimizer_limit(case: dict, ctx: dict) -> str | None:
+    s, dense = _scaling(case, ctx), _t(case, "dense")
+    if s is None or not dense:
+        return None
+    one, all_, floor = s
+    bound = _bound(one, all_, floor, ctx)
+    text = f"{bound}: {_scaling_text(one, all_, floor, ctx)}, fused AdamW {_ms(dense)} ms"
+    if floor >= dense:
+        return text + "; its bytes alone take longer than AdamW here"
+    if not bound.startswith("compute"):
+        return text if bound.startswith("neither") else text + "; above its bytes' time: a gap to close"
+    return text + f"; at that per-core speed ours needs about {_cores(one, dense)} cores to be <= AdamW"
+
+
+def _quantize_limit(needed: Callable[[dict, dict], float | None]) -> Callable[[dict, dict], str | None]:
+    def limit(case: dict, ctx: dict) -> str | None:
+        s, need = _scaling(case, ctx), needed(case, ctx)
+        if s is None or not need:
+            return None
+        one, all_, floor = s
+        bound = _bound(one, all_, floor, ctx)
+        text = f"{bound}: {_scaling_text(one, all_, floor, ctx)}; the target needs {_ms(need)} ms"
+        if floor >= need:
+            return text + ", below what its bytes take at copy bandwidth"
+        if not bound.startswith("compute"):
+            return text if bound.startswith("neither") else text + ": above its bytes' time, a gap to close"
+        return text + f": about {_cores(one, need)} cores at this per-core speed"
+
+    return limit
+
+
+def _gemm_limit(case: dict, ctx: dict) -> str | None:
+    ours, dense, decode = _t(case, "ours"), _t(case, "dense"), _t(case, "decode")
+    if not (ours and dense and decode):
+        return None
+    return (
+        f"ours {_ms(ours)} ms; torch's bf16 GEMM (dense) {_ms(dense)} ms + decoding the weight into bf16 "
+        f"{_ms(decode)} ms = {_ms(dense + decode)} ms: ours runs torch's GEMM on decoded slabs, so <= dense "
+        "needs a GEMM of our own faster than torch's by the decode (a fused-decode tile kernel: AMX, or "
+        "AVX512-BF16 at oneDNN's efficiency)"
+    )
+
+
 BATCH1 = ("linear4bit/", "gemv_4bit/stream/")  # the format matrix, and the op row it grew from
 OPTIMIZER_ROWS = ("optimclass/", "adam8bit/", "optim8bit/")
 
@@ -101,6 +229,7 @@ TARGETS = (
         1,
         "x",
         "upstream",
+        limit=_vs_upstream_limit,
     ),
     Target(
         "gemv_4bit / Linear4bit eval batch 1, weights streaming from DRAM: >= 75% of copy bandwidth",
@@ -109,6 +238,7 @@ TARGETS = (
         75,
         "%",
         "",
+        limit=_stream_limit,
     ),
     Target(
         "decode loop (generate()): the 4-bit linears' time per token inside it within 10% of the same linears alone",
@@ -136,6 +266,7 @@ TARGETS = (
         1,
         "x",
         "dense",
+        limit=_gemm_limit,
     ),
     Target(
         "8-bit optimizer step (the classes as a user calls them, and the op) <= "
@@ -145,6 +276,7 @@ TARGETS = (
         1,
         "x",
         "dense",
+        limit=_optimizer_limit,
     ),
     Target(
         "quantize_blockwise >= 20x upstream",
@@ -153,8 +285,17 @@ TARGETS = (
         20,
         "x",
         "upstream",
+        limit=_quantize_limit(lambda c, ctx: (_t(c, "upstream") or 0) / 20),
     ),
-    Target("quantize_blockwise >= 50% of copy bandwidth", "quantize_blockwise/", copy_share, 50, "%", ""),
+    Target(
+        "quantize_blockwise >= 50% of copy bandwidth",
+        "quantize_blockwise/",
+        copy_share,
+        50,
+        "%",
+        "",
+        limit=_quantize_limit(lambda c, ctx: c["bytes"] / (0.5 * ctx["copy"] * 1e9)),
+    ),
     Target(
         "dequantize_blockwise through the API (allocation included) >= 60% of copy bandwidth",
         "dequantize_blockwise/api/",
@@ -196,7 +337,11 @@ def upstream_path(results: dict) -> str:
 def verdicts(results: dict) -> list[dict]:
     """One row per (target, case it applies to); a target no case of this run applies to gets one
     "not measured" row, so that a target never drops out of the summary unseen."""
-    ctx = {"copy": results["copy_bandwidth"]["GBps"], "baseline": results.get("baseline")}
+    ctx = {
+        "copy": results["copy_bandwidth"]["GBps"],
+        "baseline": results.get("baseline"),
+        "threads": results["meta"]["threads"],
+    }
     path = upstream_path(results)
     rows = []
     for target in TARGETS:
@@ -219,7 +364,10 @@ def verdicts(results: dict) -> list[dict]:
                 value = target.value(case, ctx)
                 status = "met" if value is not None and value >= target.threshold else "NOT met"
             label = f"{case['title'].split(' (')[0]}: {case['N']}x{case['K']} {case['variant']}"
-            rows.append({**base, "case": case["id"], "label": label, "value": value, "status": status})
+            row = {**base, "case": case["id"], "label": label, "value": value, "status": status}
+            if status == "NOT met" and target.limit:
+                row["limit"] = target.limit(case, ctx)
+            rows.append(row)
         if not matched:
             why = "no saved run of this mode to compare with" if target.compact else "no row of this run"
             rows.append({**base, "case": None, "label": "—", "value": None, "status": f"n/a: {why}"})
@@ -407,7 +555,33 @@ def render_targets(targets: list[dict], baseline: dict | None = None) -> list[st
         if len(shown) < len(rows):
             lines.append(f"| {target} | the other {len(rows) - len(shown)} rows | — | {need} | met |")
     lines.append("")
+    lines += render_limits(by_target)
     return lines
+
+
+def render_limits(by_target: dict[str, list[dict]]) -> list[str]:
+    """The unmet rows with what bounds them in this run (Target.limit), grouped by target."""
+    lines = []
+    for target, rows in by_target.items():
+        missed = [v for v in rows if v["status"] == "NOT met" and not v["compact"]]
+        if not missed:
+            continue
+        lines += [f"- **{target}**"]
+        for v in missed:
+            why = v.get("limit") or "no bound measured for this row: a gap to close"
+            lines.append(f"  - {v['label']} ({_fmt_value(v)}): {why}")
+    if not lines:
+        return []
+    return [
+        "### Why the unmet rows are not met (measured in this run)",
+        "",
+        "Bound by the compute at this thread count when ours' one-thread and all-thread times scale with the "
+        "cores, or when the weights in cache take as long as the target allows; the core counts assume the "
+        "per-core speed of this run and linear scaling up to the memory bound.",
+        "",
+        *lines,
+        "",
+    ]
 
 
 def save(results: dict, out_dir: Path) -> tuple[Path, Path]:

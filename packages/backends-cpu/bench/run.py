@@ -110,9 +110,25 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True)) / scale
 
 
+def one_thread(fn):
+    """fn at one torch thread (ours reads torch.get_num_threads() per call): with the all-threads time it
+    shows whether a row scales with cores (compute-bound) or not (memory-bound)."""
+
+    def run():
+        n = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return fn()
+        finally:
+            torch.set_num_threads(n)
+
+    return run
+
+
 def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
     """``{impl: (fn, calls per round)}`` for ours (when native), the reference and dense; and outputs to
-    check upstream against (``{"reference": sample}``)."""
+    check upstream against (``{"reference": sample}``). The limit rows' extra measurements of ours
+    (report.LIMIT_IMPLS: ``ours_hot``, ``ours_1thread``, ``decode``) are timed in the same rounds."""
     import bitsandbytes.functional as F
     from bitsandbytes._reference import REFERENCE as R
 
@@ -149,6 +165,7 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
     elif kind == "quantize_blockwise":
         W, code = t["W"], F.create_dynamic_map(signed=True)
         add("ours", lambda: ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT))
+        add("ours_1thread", one_thread(lambda: ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT)))
         add("reference", lambda: R["quantize_blockwise"](W, code, common.BLOCKSIZE_8BIT))
     elif kind == "dequantize_blockwise":
         A, absmax, code = t["A"], t["absmax"], F.create_dynamic_map(signed=True)
@@ -193,11 +210,13 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
 
         fn, extra = user_api.matrix_fn(bnb, case, t)
         add("ours", fn, case.calls)
+        add("ours_hot", extra["hot"], case.calls)
         checks["ours"] = extra["sample"]
     elif kind == "optimclass":
         import bitsandbytes as bnb
 
         add("ours", user_api.optimizer_fn(bnb, case))
+        add("ours_1thread", one_thread(user_api.optimizer_fn(bnb, case)))
         add("dense", user_api.dense_optimizer_fn(case))
     elif kind == "decode":
         import bitsandbytes as bnb
@@ -234,11 +253,17 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
                 for q, absmax in layers:
                     ops.gemv_4bit(x, q, [N, K], absmax, code, bs)
 
+            def ours_hot():
+                q, absmax = layers[0]
+                for _ in layers:
+                    ops.gemv_4bit(x, q, [N, K], absmax, code, bs)
+
             def dense():
                 for w in dense_layers:
                     TF.linear(x, w)
 
             add("ours", ours, len(layers))
+            add("ours_hot", ours_hot, len(layers))
             add("dense", dense, len(dense_layers))
             case.notes.append(
                 "reference not timed here: it dequantizes the whole weight (compute-bound), see the hot row"
@@ -246,7 +271,9 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
     elif kind == "gemm_4bit":
         x, (q, absmax) = t["x"], t["layers"][0]
         dense_w = common.weight(N, K)
+        wbuf = torch.empty(N, K, dtype=bf16)
         add("ours", lambda: ops.gemm_4bit(x, q, [N, K], absmax, bs, qt))
+        add("decode", lambda: ops.dequantize_4bit.out(q, absmax, bs, qt, [N, K], bf16, out=wbuf))
         add("reference", lambda: R["gemm_4bit"](x, q, [N, K], absmax, bs, qt))
         add("dense", lambda: TF.linear(x, dense_w))
         checks["reference"] = common.sample(R["gemm_4bit"](x, q, [N, K], absmax, bs, qt))
@@ -266,6 +293,9 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
         add("ours", common.adam8bit_step(ops.optimizer_update_8bit_blockwise, qmap1, qmap2, t, name))
         # The reference updates its own copy of the state, so ours keeps stepping on its own.
         ref_t = {k: v.clone() for k, v in t.items()}
+        one_t = {k: v.clone() for k, v in t.items()}
+        one = common.adam8bit_step(ops.optimizer_update_8bit_blockwise, qmap1, qmap2, one_t, name)
+        add("ours_1thread", one_thread(one))
         add("reference", common.adam8bit_step(R["optimizer_update_8bit_blockwise"], qmap1, qmap2, ref_t, name))
         p = torch.nn.Parameter(t["p"].clone())
         p.grad = t["g"].clone()
@@ -277,7 +307,8 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
     else:
         raise KeyError(case.id)
     if not native:
-        impls.pop("ours")
+        for name in ("ours", *report.LIMIT_IMPLS):
+            impls.pop(name, None)
     return impls, checks
 
 

@@ -208,3 +208,102 @@ def test_a_round_does_not_pay_for_freeing_the_previous_result():
     t = common.measure_many(impls, common.Budget(0.0, 3, 3))
     assert t["fast"]["median_s"] < 0.025
     assert t["returns_slow_to_free"]["median_s"] < 0.025
+
+
+# ----------------------------------------------------------------------------------------------------
+# The limits section: for a row that misses its target, the bound its own measurements in the same run
+# show (report.LIMIT_IMPLS), and what would meet the target. Made-up rows whose arithmetic is checked
+# here by hand, so that a wrong formula cannot pass for a measured limit.
+
+LIMIT_COPY = 40.0  # GB/s of the limit tests
+EXPLAINED = tuple(t.text.split("{")[0] for t in report.TARGETS if t.limit)  # before the upstream path
+
+
+def _case(case_id: str, variant: str, nbytes: int, **ms: float) -> dict:
+    times = {impl: {"median_s": v / 1e3} for impl, v in ms.items()}
+    return {"id": case_id, "title": "t", "variant": variant, "N": 4096, "K": 4096, "native": True, "bytes": nbytes,
+            "flops": 0, "times": times, "notes": []}  # fmt: skip
+
+
+def _limit_results(*cases: dict) -> dict:
+    return {"meta": {"threads": 2}, "copy_bandwidth": {"GBps": LIMIT_COPY}, "cases": list(cases)}
+
+
+def _limits(*cases: dict) -> dict[str, str | None]:
+    """{target: the row's limit text} for every target the row does NOT meet and that explains its rows."""
+    return {v["target"]: v.get("limit") for v in report.verdicts(_limit_results(*cases))
+            if v["status"] == "NOT met" and v["case"] and v["target"].startswith(EXPLAINED)}  # fmt: skip
+
+
+def test_an_optimizer_row_that_scales_with_cores_names_the_cores_it_needs():
+    # 1 thread 50 ms, 2 threads 25.5 (1.96x): compute-bound; AdamW 11 ms -> ceil(50 / 11) = 5 cores.
+    row = _case("adam8bit/4096x4096", "op", 280_000_000, ours=25.5, ours_1thread=50.0, dense=11.0)
+    (text,) = _limits(row).values()
+    assert text.startswith("compute-bound (scales with the cores)")
+    assert "1.96x" in text and "about 5 cores" in text
+    # Its bytes at copy bandwidth: 280 MB / 40 GB/s = 7 ms, below AdamW's 11.
+    assert "take 7 ms" in text
+
+
+def test_an_optimizer_row_that_does_not_scale_is_a_gap_not_a_limit():
+    row = _case("adam8bit/4096x4096", "op", 280_000_000, ours=25.0, ours_1thread=30.0, dense=11.0)
+    (text,) = _limits(row).values()
+    assert "gap to close" in text and "cores" not in text
+
+
+def test_a_memory_bound_row_says_so():
+    # Its bytes take 20 ms at copy bandwidth, ours 22: memory-bound whatever the scaling.
+    row = _case("adam8bit/4096x4096", "op", 800_000_000, ours=22.0, ours_1thread=40.0, dense=11.0)
+    (text,) = _limits(row).values()
+    assert text.startswith("memory-bound") and "longer than AdamW" in text
+
+
+def test_quantize_rows_need_the_time_each_target_allows():
+    # 84 MB: 50% of 40 GB/s allows 4.2 ms; upstream 70 ms / 20 allows 3.5 ms. 1 thread 17 ms.
+    row = _case("quantize_blockwise/4096x4096", "op", 84_000_000, ours=8.8, ours_1thread=17.0, upstream=70.0)
+    texts = sorted(_limits(row).values())
+    assert len(texts) == 2
+    assert any("needs 3.5 ms: about 5 cores" in t for t in texts)
+    assert any("needs 4.2 ms: about 5 cores" in t for t in texts)
+
+
+def test_a_batch1_row_compares_its_compute_floor_with_the_targets():
+    # 8.4 MB per layer: hot 0.45 ms is 8.4e6 / 0.45e-3 = 18.7 GB/s = 47% of copy at most.
+    fp32 = _case("linear4bit/nf4/fp32/4096x4096", "nf4, fp32 in, double quant off", 8_400_000,
+                 ours=0.6, ours_hot=0.45, upstream=0.4)  # fmt: skip
+    limits = _limits(fp32)
+    stream = next(t for k, t in limits.items() if "75% of copy" in k)
+    assert "at most 47% of copy" in stream and "1.6x this compute (about 4 cores)" in stream
+    vs_up = next(t for t in limits.values() if t.startswith("compute-bound"))
+    assert "above upstream's 0.4 ms" in vs_up and "rounds A and absmax to bf16" in vs_up
+
+
+def test_a_batch1_row_whose_compute_allows_the_target_is_a_gap():
+    bf16 = _case("linear4bit/nf4/bf16/4096x4096", "nf4, bf16 in, double quant off", 8_400_000,
+                 ours=0.6, ours_hot=0.25, upstream=0.5)  # fmt: skip
+    texts = list(_limits(bf16).values())
+    assert texts and all("gap to close" in t for t in texts)
+    assert not any("rounds A" in t for t in texts)  # bf16 A: no precision reason
+
+
+def test_the_gemm_row_adds_the_decode_to_torchs_gemm():
+    row = _case("gemm_4bit/512/4096x4096", "batch 512", 1, ours=46.2, dense=40.7, decode=1.5)
+    (text,) = _limits(row).values()
+    assert "40.7 ms + decoding the weight into bf16 1.5 ms = 42.2 ms" in text
+
+
+@pytest.mark.parametrize("missing", ["ours_hot", "ours_1thread", "decode"])
+def test_a_row_without_its_limit_measurement_is_rendered_as_a_gap(missing):
+    rows = {
+        "ours_hot": _case("linear4bit/nf4/bf16/4096x4096", "nf4, bf16 in", 8_400_000, ours=0.6, upstream=0.5),
+        "ours_1thread": _case("adam8bit/4096x4096", "op", 280_000_000, ours=25.0, dense=11.0),
+        "decode": _case("gemm_4bit/512/4096x4096", "batch 512", 1, ours=46.2, dense=40.7),
+    }
+    res = _limit_results(rows[missing])
+    res["targets"] = report.verdicts(res)
+    by_target: dict = {}
+    for v in res["targets"]:
+        by_target.setdefault(v["target"], []).append(v)
+    text = "\n".join(report.render_limits(by_target))
+    assert "Why the unmet rows are not met" in text
+    assert "no bound measured for this row: a gap to close" in text

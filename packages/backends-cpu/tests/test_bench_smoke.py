@@ -16,6 +16,7 @@ from pathlib import Path
 from bitsandbytes_cpu import _C
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "run.py"
+BATCHES = (4, 16)  # the batch rows at smoke sizes (common.use_smoke_sizes)
 
 
 def test_every_bench_row_runs_here(tmp_path):
@@ -42,6 +43,14 @@ def test_every_bench_row_runs_here(tmp_path):
         assert "median_s" in r["times"].get("ours", {}), f"{r['id']}: {r['times'].get('ours')} {r['notes']}"
         if "reference" in r["times"]:
             assert "median_s" in r["times"]["reference"], f"{r['id']}: the reference failed: {r['notes']}"
+    # The limits section's own measurements (report.LIMIT_IMPLS) ran in the rows that explain a target.
+    limits = {"ours_hot": ("linear4bit/", "gemv_4bit/stream/"), "ours_1thread": ("adam8bit/", "optim8bit/",
+              "optimclass/", "quantize_blockwise/"), "decode": tuple(f"gemm_4bit/{m}/" for m in BATCHES)}  # fmt: skip
+    for impl, prefixes in limits.items():
+        timed = [r for r in rows if r["id"].startswith(prefixes)]
+        assert timed, f"no row for {impl}"
+        for r in timed:
+            assert "median_s" in r["times"].get(impl, {}), f"{r['id']}: {impl} {r['times'].get(impl)} {r['notes']}"
 
 
 def test_smoke_and_quick_are_two_modes(tmp_path):
