@@ -1,5 +1,5 @@
-"""Context managers the native-kernel tests share: run at one ISA level, with n torch threads, or with one way
-of reading 8-bit code tables."""
+"""Context managers the native-kernel tests share: run at one ISA level, with n torch threads, with one way
+of reading 8-bit code tables, or with torch's oneDNN switched off."""
 
 from __future__ import annotations
 
@@ -28,6 +28,18 @@ def num_threads(n: int):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def onednn_off():
+    """torch.backends.mkldnn.enabled = False for the block, as a user sets it (torch's own flags() context
+    also sets oneDNN's TF32 switch, which warns on a build without Intel GPU support)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled = before
 
 
 @contextlib.contextmanager

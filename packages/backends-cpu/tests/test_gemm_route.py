@@ -14,7 +14,7 @@ import contextlib
 
 import pytest
 import torch
-from native_helpers import isa, num_threads
+from native_helpers import isa, num_threads, onednn_off
 
 import bitsandbytes
 from bitsandbytes import _formats
@@ -220,10 +220,39 @@ def test_bf16_routes_stay_within_the_conformance_tolerance(fast):
     assert ((out.double() - ref.double()).abs() <= matmul_tolerance(A, W32, ref)).all()
 
 
-def test_fast_bf16_gemm_follows_the_cpu_feature():
+def test_fast_bf16_gemm_follows_the_cpu_feature_and_torchs_onednn_switch(monkeypatch):
     with setting("FAST_BF16_GEMM", None):
-        expected = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        assert mm._fast_bf16_gemm() == expected
+        hardware = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        assert mm._fast_bf16_gemm() == (hardware and torch.backends.mkldnn.is_available())
+        # oneDNN switched off by the user: torch's bf16 GEMM is then ~9x slower, the fp32 tiles take the rows.
+        monkeypatch.setattr(mm, "bf16_gemm_hardware", lambda: True)
+        with onednn_off():
+            assert not mm._fast_bf16_gemm()
+        assert mm._fast_bf16_gemm() == torch.backends.mkldnn.is_available()
+
+
+def test_onednn_off_sends_bf16_rows_to_the_fp32_tiles(monkeypatch):
+    N, K, blocksize = 40, 256, 64
+    q, absmax, _, _ = weight(N, K, blocksize, seed=23)
+    M = mm.BF16_TILE_MAX_ROWS + 1  # above every fused kernel's rows, whatever the route
+    A = randn((M, K), torch.bfloat16, seed=24, spread=False)
+    used = []
+
+    class Spy(Recorder):
+        def __getattr__(self, name):
+            fn = getattr(_C, name)
+            if name not in ("dequantize_4bit_tile_f32", "dequantize_4bit_range"):
+                return fn
+            return lambda *a, **k: (used.append(name), fn(*a, **k))[1]
+
+    monkeypatch.setattr(mm, "_C", Spy())
+    monkeypatch.setattr(mm, "bf16_gemm_hardware", lambda: True)
+    with setting("FAST_BF16_GEMM", None), setting("AMX_BF16", None):
+        with onednn_off():
+            off = ops.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4")
+        assert used and set(used) == {"dequantize_4bit_tile_f32"}, used
+        with setting("FAST_BF16_GEMM", False):
+            assert torch.equal(ops.gemm_4bit(A, q, [N, K], absmax, blocksize, "nf4"), off)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

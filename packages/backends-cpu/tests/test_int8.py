@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from native_helpers import isa
+from native_helpers import isa, onednn_off
 
 import bitsandbytes  # noqa: F401  (registers the cpu backend)
 from bitsandbytes._reference import int8 as ref
@@ -281,3 +281,9 @@ def test_int_mm_route_follows_the_cpu_feature(monkeypatch):
 
     monkeypatch.setattr(int8_ops, "INT_MM", None)
     assert int8_ops._int_mm_route(64, 8, 8) == (torch.cpu._is_amx_tile_supported() and torch.__version__ >= (2, 6))
+    # torch's oneDNN switch off: _int_mm falls back to a kernel ~100x slower (docs in ops/_features.py), so
+    # the route is not taken whatever the CPU; it comes back with the switch.
+    monkeypatch.setattr(int8_ops, "amx_tiles", lambda: True)
+    with onednn_off():
+        assert not int8_ops._int_mm_route(64, 8, 8)
+    assert int8_ops._int_mm_route(64, 8, 8) == (torch.backends.mkldnn.is_available() and torch.__version__ >= (2, 6))

@@ -17,7 +17,7 @@ from bitsandbytes._ops import (
 from bitsandbytes.backends import kit
 
 from ._capsules import native as _C
-from ._features import amx_tiles
+from ._features import amx_tiles, onednn_enabled
 from ._threads import threads
 
 # Rows of A from which the int8 GEMM is torch._int_mm (oneDNN, on AMX-INT8 tiles) where the CPU has AMX; fewer
@@ -36,7 +36,7 @@ def _int_mm_route(M: int, N: int, K: int) -> bool:
         return False
     if INT_MM is not None:
         return INT_MM
-    return _TORCH_INT_MM_EXACT and amx_tiles()
+    return _TORCH_INT_MM_EXACT and amx_tiles() and onednn_enabled()  # off: _int_mm is ~100x slower
 
 
 def _int_mm_into(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ from bitsandbytes._ops import check_gemm_4bit
 from bitsandbytes.backends import kit
 
 from ._capsules import native as _C
-from ._features import amx_tiles, bf16_gemm_hardware
+from ._features import amx_tiles, bf16_gemm_hardware, onednn_enabled
 from ._threads import threads
 
 # Rows of A up to which the fused kernel is used; above it, dequantize + torch GEMM. Measured on
@@ -68,7 +68,10 @@ def _fast_bf16_gemm() -> bool:
     at M = 32 and 100 at M = 512), so the fp32 tiles win there. With them its bf16 GEMM does two
     multiply-adds per fp32 lane (vdpbf16ps) or tiles (AMX) and reads half the bytes: the bf16 slabs,
     the route measured on Zen 4 when FUSED_MAX_ROWS and BF16_TILE_MAX_ROWS were set, stay there."""
-    return bf16_gemm_hardware() if FAST_BF16_GEMM is None else FAST_BF16_GEMM
+    if FAST_BF16_GEMM is not None:
+        return FAST_BF16_GEMM
+    # oneDNN off (a user's switch): torch's bf16 GEMM is about 9x slower, and the fp32 tiles take the rows.
+    return bf16_gemm_hardware() and onednn_enabled()
 
 
 def _amx_bf16() -> bool:
