@@ -54,6 +54,35 @@ def _last_level_cache_bytes() -> int:
 # rotation stays hot); at most 1 GiB, so that the bench fits beside upstream's copy in memory.
 STREAM_BYTES = min(2**30, max(128 * 2**20, 2 * _last_level_cache_bytes()))
 COPY_BYTES = 256 * 2**20  # size of the tensor whose copy measures the machine's bandwidth
+# The limits' compute floor of a batch-1 row (report.LIMIT_IMPLS "ours_hot") times the first rows of one
+# layer, at most this many bytes of weights, again and again: they stay in cache, where a whole 4096 x
+# 11008 layer (22 MiB) does not stay in a 32 MiB L3 beside everything else.
+HOT_BYTES = max(2**20, min(8 * 2**20, _last_level_cache_bytes() // 4))
+
+
+def hot_rows(N: int, K: int, nested: bool) -> int:
+    """Rows of an N x K 4-bit weight for the compute floor: N halved while its bytes exceed HOT_BYTES and
+    the half still divides N (so a round of N / rows slices is one layer's work) and, with double
+    quantization, still holds whole groups of 256 blocks (their absmax2 sliced with them)."""
+    rows = N
+    while rows * K // 2 > HOT_BYTES and rows % 2 == 0:
+        half = rows // 2
+        if nested and (half * K // BLOCKSIZE_4BIT) % 256:
+            break
+        rows = half
+    return rows
+
+
+def weight_rows(q: torch.Tensor, scales: dict, rows: int, K: int) -> tuple[torch.Tensor, dict]:
+    """The first ``rows`` rows of a packed 4-bit weight and its scales ({"absmax"} or, double quantized,
+    {"absmax" codes, "absmax2", "offset"}): views, no copies."""
+    blocks = rows * K // BLOCKSIZE_4BIT
+    out = {**scales, "absmax": scales["absmax"][:blocks]}
+    if "absmax2" in scales:
+        out["absmax2"] = scales["absmax2"][: -(-blocks // 256)]
+    return q[: rows * K // 2], out
+
+
 SEED = 1234
 
 
