@@ -175,35 +175,27 @@ def _scaling_text(one: float, all_: float, floor: float, ctx: dict) -> str:
     )
 
 
-def _optimizer_limit(case: dict, ctx: dict) -> str | None:
-    s, dense = _scaling(case, ctx), _t(case, "dense")
-    if s is None or not dense:
-        return None
-    one, all_, floor = s
-    bound = _bound(one, all_, floor, ctx)
-    text = f"{bound}: {_scaling_text(one, all_, floor, ctx)}, fused AdamW {_ms(dense)} ms"
-    if floor >= dense:
-        return text + "; its bytes alone take longer than AdamW here"
-    if not bound.startswith("compute"):
-        return text if bound.startswith("neither") else text + "; above its bytes' time: a gap to close"
-    return text + f"; at that per-core speed ours needs about {_cores(one, dense)} cores to be <= AdamW"
+def _scaling_limit(needed: Callable[[dict, dict], float | None], what: str) -> Callable[[dict, dict], str | None]:
+    """The limit of a row judged against a time (``needed``: fused AdamW's, or what a target allows),
+    from ours at one thread and at all: the cores a compute-bound row needs to take that time."""
 
-
-def _quantize_limit(needed: Callable[[dict, dict], float | None]) -> Callable[[dict, dict], str | None]:
     def limit(case: dict, ctx: dict) -> str | None:
         s, need = _scaling(case, ctx), needed(case, ctx)
         if s is None or not need:
             return None
         one, all_, floor = s
         bound = _bound(one, all_, floor, ctx)
-        text = f"{bound}: {_scaling_text(one, all_, floor, ctx)}; the target needs {_ms(need)} ms"
+        text = f"{bound}: {_scaling_text(one, all_, floor, ctx)}; {what} {_ms(need)} ms"
         if floor >= need:
-            return text + ", below what its bytes take at copy bandwidth"
+            return text + ", less than its bytes take at copy bandwidth"
         if not bound.startswith("compute"):
             return text if bound.startswith("neither") else text + ": above its bytes' time, a gap to close"
         return text + f": about {_cores(one, need)} cores at this per-core speed"
 
     return limit
+
+
+_optimizer_limit = _scaling_limit(lambda c, ctx: _t(c, "dense"), "fused AdamW takes")
 
 
 def _gemm_limit(case: dict, ctx: dict) -> str | None:
@@ -285,7 +277,7 @@ TARGETS = (
         20,
         "x",
         "upstream",
-        limit=_quantize_limit(lambda c, ctx: (_t(c, "upstream") or 0) / 20),
+        limit=_scaling_limit(lambda c, ctx: (_t(c, "upstream") or 0) / 20, "the target needs"),
     ),
     Target(
         "quantize_blockwise >= 50% of copy bandwidth",
@@ -294,7 +286,7 @@ TARGETS = (
         50,
         "%",
         "",
-        limit=_quantize_limit(lambda c, ctx: c["bytes"] / (0.5 * ctx["copy"] * 1e9)),
+        limit=_scaling_limit(lambda c, ctx: c["bytes"] / (0.5 * ctx["copy"] * 1e9), "the target needs"),
     ),
     Target(
         "dequantize_blockwise through the API (allocation included) >= 60% of copy bandwidth",
