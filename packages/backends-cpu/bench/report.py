@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 IMPLS = ("ours", "reference", "upstream", "dense")
-# Extra measurements of ours, in the same rounds, that the limits section reads: one layer called again and
-# again (its weights stay in cache: what the compute alone takes), ours at one thread (does the row scale
-# with cores?), and the weight's decode into bf16 alone (what a decode-then-GEMM adds to torch's GEMM).
+# Extra measurements of ours, in the same rounds, that the limits section reads: the first rows of a layer
+# called again and again (common.hot_rows: they stay in cache, so this is what the compute alone takes),
+# ours at one thread (does the row scale with cores?), and the weight's decode into bf16 alone (what a
+# decode-then-GEMM adds to torch's GEMM).
 LIMIT_IMPLS = ("ours_hot", "ours_1thread", "decode")
 
 
@@ -109,7 +110,7 @@ def _cores(one_thread_s: float, needed_s: float) -> int:
 
 
 def _compute_floor(case: dict, ctx: dict) -> tuple[float, float] | None:
-    """(seconds, % of copy at most): ours with the row's weights cache-resident (one layer, again and again)."""
+    """(seconds per layer, % of copy at most): ours with the row's weights cache-resident (ours_hot)."""
     hot = _t(case, "ours_hot")
     if not hot or not case["bytes"]:
         return None
@@ -143,12 +144,17 @@ def _vs_upstream_limit(case: dict, ctx: dict) -> str | None:
         )
     head = f"compute-bound: ours with the weights in cache takes {_ms(hot)} ms, above upstream's {_ms(up)} ms streaming"
     if " bf16 in" not in case["variant"]:
-        head += (
+        return head + (
             "; upstream's cpu gemv_4bit rounds A and absmax to bf16 and computes in bf16, ours keeps A's "
             "precision (fp32 products): met by computing in bf16 as upstream does, or by a core with more "
             "shuffle throughput"
         )
-    return head
+    return head + (
+        "; upstream's kernel scales unscaled bf16 codes by each block's bf16 absmax after the dot products, "
+        "32 repacked rows at a time; ours keeps the standard layout and the reference's bf16(code x absmax) "
+        "per weight, a table per block and row: met by upstream's rounding or a core with more shuffle "
+        "throughput"
+    )
 
 
 def _scaling(case: dict, ctx: dict) -> tuple[float, float, float] | None:

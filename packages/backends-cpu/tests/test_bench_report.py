@@ -286,6 +286,13 @@ def test_a_batch1_row_whose_compute_allows_the_target_is_a_gap():
     assert not any("rounds A" in t for t in texts)  # bf16 A: no precision reason
 
 
+def test_a_compute_bound_bf16_row_names_upstreams_rounding_not_a_precision_of_a():
+    bf16 = _case("linear4bit/nf4/bf16/4096x4096", "nf4, bf16 in, double quant off", 8_400_000,
+                 ours=0.6, ours_hot=0.45, upstream=0.4)  # fmt: skip
+    vs_up = next(t for k, t in _limits(bf16).items() if k.startswith("gemv_4bit / Linear4bit eval batch 1, every"))
+    assert vs_up.startswith("compute-bound") and "bf16(code x absmax)" in vs_up and "rounds A" not in vs_up
+
+
 def test_the_gemm_row_adds_the_decode_to_torchs_gemm():
     row = _case("gemm_4bit/512/4096x4096", "batch 512", 1, ours=46.2, dense=40.7, decode=1.5)
     (text,) = _limits(row).values()
