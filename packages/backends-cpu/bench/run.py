@@ -164,8 +164,9 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
             add("reference", lambda: R["dequantize_4bit.out"](q, absmax, bs, qt, [N, K], bf16, out))
     elif kind == "quantize_blockwise":
         W, code = t["W"], F.create_dynamic_map(signed=True)
-        add("ours", lambda: ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT))
-        add("ours_1thread", one_thread(lambda: ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT)))
+        ours = lambda: ops.quantize_blockwise(W, code, common.BLOCKSIZE_8BIT)  # noqa: E731
+        add("ours", ours)
+        add("ours_1thread", one_thread(ours))
         add("reference", lambda: R["quantize_blockwise"](W, code, common.BLOCKSIZE_8BIT))
     elif kind == "dequantize_blockwise":
         A, absmax, code = t["A"], t["absmax"], F.create_dynamic_map(signed=True)
@@ -210,7 +211,7 @@ def our_impls(case: common.Case, t: dict, native: bool) -> tuple[dict, dict]:
 
         fn, extra = user_api.matrix_fn(bnb, case, t)
         add("ours", fn, case.calls)
-        add("ours_hot", extra["hot"], case.calls)
+        add("ours_hot", user_api.matrix_hot_fn(bnb, case, t), case.calls)
         checks["ours"] = extra["sample"]
     elif kind == "optimclass":
         import bitsandbytes as bnb
