@@ -57,6 +57,7 @@ def test_both_gemm_routes_give_x86_bytes(level, route, monkeypatch):
     monkeypatch.setattr(matmul_4bit, "FAST_BF16_GEMM", fast)
     monkeypatch.setattr(matmul_4bit, "BF16_TILE_MAX_ROWS", 0)  # nor the fused kernel's own bf16 GEMM
     monkeypatch.setattr(matmul_4bit, "AMX_BF16", False)  # nor the AMX crossover (more fused rows)
+    monkeypatch.setattr(matmul_4bit, "AMX_GEMM", False)  # nor our AMX kernel (x86 only)
     calls = []
     real = getattr(_C, kernel)
     monkeypatch.setattr(_C, kernel, lambda *args: calls.append(args) or real(*args))

@@ -29,6 +29,13 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ops = torch.ops.bitsandbytes
 
 
+@pytest.fixture(autouse=True)
+def _not_the_amx_kernel(monkeypatch):
+    """These are the routes of CPUs without our AMX kernel (test_amx_gemm.py tests that one): on an AMX
+    machine it would take every bf16 shape here."""
+    monkeypatch.setattr(mm, "AMX_GEMM", False)
+
+
 @contextlib.contextmanager
 def setting(name, value):
     before = getattr(mm, name)

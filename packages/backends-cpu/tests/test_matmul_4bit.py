@@ -232,8 +232,10 @@ def test_crossover_constants_cover_every_dtype():
 @pytest.mark.parametrize(("M", "N", "K", "blocksize"), [(9, 257, 512, 64), (37, 6, 192, 128), (64, 131, 4160, 64)])
 def test_bf16_tiled_gemm(M, N, K, blocksize, monkeypatch):
     # At the avx512 level whatever BNB_CPU_ISA chose: the GEMM is compiled there only. An AMX CPU routes
-    # these rows elsewhere (torch's bf16 GEMM); the kernel is still the one AVX512-BF16 CPUs without it run.
+    # these rows elsewhere (our AMX kernel, torch's bf16 GEMM); the kernel is still the one AVX512-BF16 CPUs
+    # without AMX run.
     monkeypatch.setattr(mm, "AMX_BF16", False)
+    monkeypatch.setattr(mm, "AMX_GEMM", False)
     with isa("avx512" if "avx512" in ISAS else _C.best_isa()):
         if not mm._bf16_tiles(K, blocksize):
             pytest.skip("needs AVX512-BF16 (this CPU or build has no avx512 level with it)")

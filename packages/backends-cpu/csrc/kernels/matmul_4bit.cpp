@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "isa.h"
+#include "kernels/bf16_codes.h"
 #include "kernels/search8.h"
 
 #if defined(BNB_ISA_AVX512) || defined(BNB_ISA_AVX2)
@@ -431,36 +432,23 @@ void rows_nibble_shift(const uint8_t* B, int64_t base0, int64_t K, const float* 
 // reference's weight rounded to A's dtype, so products are exact and only the summation order differs.
 // A is stored as bf16, each chunk of 64 de-interleaved (32 even positions, then 32 odd). Needs chunks
 // of 64 that never straddle a block: K % 64 == 0 and blocksize >= 64.
-#define BNB_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-
 bool cpu_has_avx512bf16() {
   static const bool v = __builtin_cpu_supports("avx512bf16");
   return v;
-}
-
-BNB_BF16_TARGET inline __attribute__((always_inline)) __m512i low_nibbles(__m512i w) {
-  return _mm512_and_si512(w, _mm512_set1_epi16(15));
 }
 
 template <int R>
 BNB_BF16_TARGET inline __attribute__((always_inline)) void bf16_step(const uint8_t* row, int64_t k, __m512i tab,
                                                                      const uint16_t* a, int64_t lda,
                                                                      __m512 (&acc)[R][2]) {
-  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2)));
-  const __m512i wo = _mm512_permutexvar_epi16(low_nibbles(w), tab);
-  const __m512i we = _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tab);
+  const __m512i w = load_codes64(row + k / 2);
+  const __m512i wo = odd_weights(w, tab);
+  const __m512i we = even_weights(w, tab);
   for (int r = 0; r < R; ++r) {
     const uint16_t* ar = a + r * lda + k;
     acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)we, (__m512bh)_mm512_loadu_si512(ar));
     acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)wo, (__m512bh)_mm512_loadu_si512(ar + 32));
   }
-}
-
-// The 16 codes times a block's scale, as bf16, in the low 16 words (vpermw reads 5 index bits: the low
-// nibble is masked, an ALU op, where storing the table twice took one more shuffle per block, and this
-// loop is bound by the shuffle ports: 3-5% on a Zen 4; the same bits).
-BNB_BF16_TARGET inline __attribute__((always_inline)) __m512i bf16_table(__m512 ctab, float scale) {
-  return _mm512_zextsi256_si512((__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(ctab, _mm512_set1_ps(scale))));
 }
 
 template <int R>
@@ -584,10 +572,10 @@ BNB_BF16_TARGET void decode_rows_bf16(const uint8_t* B, int64_t n0, int64_t C, i
     for (int64_t k = 0; k < K; k += 64) {
       const int64_t b = (base + k) >> shift;
       if (b != cur) tab = bf16_table(ctab, absmax[cur = b]);
-      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + k / 2)));
+      const __m512i w = load_codes64(row + k / 2);
       uint16_t* o = wb + (k / 32) * C * 32 + c * 32;
-      _mm512_storeu_si512(o, _mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tab));
-      _mm512_storeu_si512(o + C * 32, _mm512_permutexvar_epi16(low_nibbles(w), tab));
+      _mm512_storeu_si512(o, even_weights(w, tab));
+      _mm512_storeu_si512(o + C * 32, odd_weights(w, tab));
     }
   }
 }

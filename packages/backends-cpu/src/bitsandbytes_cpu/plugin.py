@@ -40,6 +40,8 @@ def _diagnostics() -> dict:
         "threads (torch.get_num_threads)": torch.get_num_threads(),
         # How AVX-512 kernels read 8-bit code tables (same bits either way; by CPU vendor unless set).
         "8-bit table lookup": _C.map_lookup() if _C.isa() == "avx512" else "- (avx512 only)",
+        # Our bf16 GEMM on AMX tiles (gemm_4bit, many rows): "yes", or why it cannot run here.
+        "AMX bf16 GEMM": _C.amx_bf16_unavailable() or "yes",
         "native ops": sum(dispatch.has_kernel(op, "CPU") for op in ops.all_ops()),
     }
 

@@ -60,6 +60,13 @@ AMX_SLAB_BYTES = 16 << 20
 # Whether bf16 A takes the AMX routing above; None: by CPU feature (amx_tiles). Tests set it: the route is
 # torch's bf16 GEMM on bf16 slabs, correct on every CPU, only its speed needs AMX.
 AMX_BF16: bool | None = None
+# bf16 A from this many rows on: our own GEMM on AMX tiles (matmul_4bit_amx.cpp), which decodes the 4-bit
+# weight into the tiles as it multiplies, where the CPU and the OS allow it (_C.amx_bf16_unavailable()). It
+# reads a quarter of dense bf16's bytes and needs no dequantized slab. Measured on an AMX Xeon (2 threads,
+# [M, 4096] x [4096, 4096], ms; docs/pages/cpu.md): see AMX_GEMM_MIN_ROWS's note there.
+AMX_GEMM_MIN_ROWS = 2
+# False turns the kernel above off (tests compare it with the other routes); None: wherever it runs.
+AMX_GEMM: bool | None = None
 
 
 def _fast_bf16_gemm() -> bool:
@@ -87,7 +94,7 @@ _LOCAL = threading.local()
 
 def _slab_buffer(numel: int, dtype: torch.dtype, slab_bytes: int | None = None) -> torch.Tensor:
     buf = getattr(_LOCAL, "slab", None)
-    nbytes = numel * torch.finfo(dtype).bits // 8
+    nbytes = numel * dtype.itemsize
     if buf is None or buf.numel() < nbytes:
         buf = _LOCAL.slab = torch.empty(
             max(nbytes, SLAB_BYTES if slab_bytes is None else slab_bytes), dtype=torch.uint8
@@ -105,6 +112,14 @@ def _table(quant_type: str) -> torch.Tensor:
 def _bytes(B: torch.Tensor) -> torch.Tensor:
     """The packed codes as a flat uint8 tensor, whatever quant_storage holds them (no copy if contiguous)."""
     return B.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _amx_gemm(K: int, blocksize: int) -> bool:
+    """Whether bf16 A of this shape takes our AMX kernel: it reads 64 values of k per step (so K % 64 == 0
+    and blocks of at least 64), and runs where the probe found AMX usable (CPU, Linux permission, a self-test)."""
+    if AMX_GEMM is False or K % 64 or blocksize < 64:
+        return False
+    return _C.amx_bf16_unavailable() == ""
 
 
 def _bf16_tiles(K: int, blocksize: int) -> bool:
@@ -126,6 +141,10 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
     absmax = absmax.contiguous()
     bias = bias.contiguous() if bias is not None else None
     bf16 = A.dtype == torch.bfloat16
+    if bf16 and M >= AMX_GEMM_MIN_ROWS and _amx_gemm(K, blocksize):
+        work = _slab_buffer(_C.amx_workspace_bytes(M, K), torch.uint8)
+        _C.gemm_4bit_amx_bf16(A, Bb, M, N, K, absmax, code, blocksize, bias, out, work, threads(), *(nested or ()))
+        return
     fast_bf16 = bf16 and _fast_bf16_gemm()
     amx = fast_bf16 and _amx_bf16()
     fused_max = FUSED_MAX_ROWS.get(A.dtype, 8)
