@@ -52,7 +52,8 @@ BNB_BINDINGS(matmul_4bit_amx) {
         check_blocksize(blocksize);
         if (blocksize < 64) throw std::invalid_argument("blocksize must be >= 64 for the AMX kernel");
         if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("M, N and K must be >= 0");
-        if (K % 64) throw std::invalid_argument("K must be a multiple of 64 for the AMX kernel; got " + std::to_string(K));
+        if (K % 64)
+          throw std::invalid_argument("K must be a multiple of 64 for the AMX kernel; got " + std::to_string(K));
         if ((M && K > INT64_MAX / M) || (N && K > INT64_MAX / N) || (M && N > INT64_MAX / M))
           throw std::invalid_argument("M * K, N * K or M * N overflows int64");
         const auto* a = static_cast<const uint16_t*>(float_data(A, "A", DType::bf16, M * K));

@@ -175,8 +175,8 @@ BNB_AMX_TARGET void decode_panel(const uint8_t* B, int64_t N, int64_t K, int64_t
 // in c (stored and reloaded exactly, so a k split into passes sums in the same order), back into c:
 // tile 2j + i is weight rows 16i.. x rows 16j...
 template <int J>
-BNB_AMX_TARGET void tiles(const uint16_t* wb, const uint16_t* xb0, const uint16_t* xb1, int64_t xstride,
-                          int64_t chunks, bool first, float* c) {
+BNB_AMX_TARGET void tiles(const uint16_t* wb, const uint16_t* xb0, const uint16_t* xb1, int64_t xstride, int64_t chunks,
+                          bool first, float* c) {
   if (first) {
     _tile_zero(0);
     _tile_zero(1);

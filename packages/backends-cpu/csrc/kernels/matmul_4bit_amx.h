@@ -7,17 +7,17 @@
 #include "common.h"
 #include "kernels/matmul_4bit.h"
 
-#define BNB_GEMM_4BIT_AMX_DECLS                                                                                   \
-  /* Why the AMX GEMM cannot run at this level, or "" when it can: the CPU (AMX-TILE, AMX-BF16,            */     \
-  /* AVX512-BF16), the OS's permission for the tile data, and a self-test on the tiles. Probed once.      */      \
-  void amx_bf16_unavailable(const char** why);                                                                    \
-  /* Bytes of the `work` buffer gemm_4bit_amx_bf16 needs for M rows of K (x laid out as tile operands). */       \
-  void amx_workspace_bytes(int64_t M, int64_t K, int64_t* bytes);                                                 \
-  /* y[M, N] = x[M, K] @ W.T (+ bias[N]) in bf16, fp32 accumulation; W the packed 4-bit [N, K] weight with   */   \
-  /* its 16-entry fp32 table `code`, each weight bf16(code * scale) as the reference's dequantized weight.  */    \
-  /* nested (nullable): absmax is absmax2 of double quantization. Needs K % 64 == 0 and blocksize >= 64.   */    \
+#define BNB_GEMM_4BIT_AMX_DECLS                                                                                      \
+  /* Why the AMX GEMM cannot run at this level, or "" when it can: the CPU (AMX-TILE, AMX-BF16,            */        \
+  /* AVX512-BF16), the OS's permission for the tile data, and a self-test on the tiles. Probed once.      */         \
+  void amx_bf16_unavailable(const char** why);                                                                       \
+  /* Bytes of the `work` buffer gemm_4bit_amx_bf16 needs for M rows of K (x laid out as tile operands). */           \
+  void amx_workspace_bytes(int64_t M, int64_t K, int64_t* bytes);                                                    \
+  /* y[M, N] = x[M, K] @ W.T (+ bias[N]) in bf16, fp32 accumulation; W the packed 4-bit [N, K] weight with   */      \
+  /* its 16-entry fp32 table `code`, each weight bf16(code * scale) as the reference's dequantized weight.  */       \
+  /* nested (nullable): absmax is absmax2 of double quantization. Needs K % 64 == 0 and blocksize >= 64.   */        \
   void gemm_4bit_amx_bf16(const uint16_t* x, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax, \
-                          const NestedAbsmax* nested, const float* code, int64_t blocksize, const uint16_t* bias,   \
+                          const NestedAbsmax* nested, const float* code, int64_t blocksize, const uint16_t* bias,    \
                           uint16_t* y, void* work, int threads);
 
 BNB_FOR_EACH_ISA(BNB_GEMM_4BIT_AMX_DECLS)

@@ -64,7 +64,7 @@ AMX_BF16: bool | None = None
 # weight into the tiles as it multiplies, where the CPU and the OS allow it (_C.amx_bf16_unavailable()). It
 # reads a quarter of dense bf16's bytes and needs no dequantized slab. Measured on an AMX Xeon (2 threads,
 # [M, 4096] x [4096, 4096], ms; docs/pages/cpu.md): see AMX_GEMM_MIN_ROWS's note there.
-AMX_GEMM_MIN_ROWS = 2
+AMX_GEMM_MIN_ROWS = 3
 # False turns the kernel above off (tests compare it with the other routes); None: wherever it runs.
 AMX_GEMM: bool | None = None
 
