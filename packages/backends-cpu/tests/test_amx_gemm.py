@@ -76,8 +76,9 @@ def amx_calls(monkeypatch):
 
 
 # (M, N, K, blocksize): x tiles of 16 rows with tails (M % 16) and an odd tile count (the one-tile step),
-# weight panels of 32 rows with tails (N % 32, N % 16), several passes over the rows (M > 128) and over k
-# (M = 300 at K = 4160: passes of 4096 values), blocks of a whole row and more, 3-D A.
+# weight panels of 32 rows with tails (N % 32, N % 16), k slices with a tail (K % 256), several passes over
+# the rows (M > 128) and over k (M = 300 at K = 4160: passes of 4096 values; one pair of x tiles at K =
+# 16448: passes of 16384, the C tiles kept in registers within a pass), blocks of a row and more, 3-D A.
 SHAPES = [
     (3, 1, 64, 64),
     (16, 32, 128, 64),
@@ -85,6 +86,7 @@ SHAPES = [
     (40, 100, 256, 64),
     (33, 45, 64, 4096),
     (300, 40, 4160, 64),
+    (20, 40, 16448, 128),
     (130, 70, 512, 256),
     ((2, 9), 50, 320, 64),
 ]

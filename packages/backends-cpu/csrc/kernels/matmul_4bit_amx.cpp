@@ -37,13 +37,21 @@ namespace {
 // the order is the same for every shape and thread count, so the result does not depend on either.
 constexpr int64_t kTile = 512;  // bf16 per tile
 constexpr int64_t kRows = 32;   // weight rows per decoded panel: two A tiles
-// Rows of x (16 per tile) and values of k per pass: the pass's packed x (at most kPassBytes) stays in L2
-// while every weight panel of a thread's share is decoded and multiplied into it; a weight is decoded
-// once per pass. Measured on a Xeon with AMX (2 MiB L2, 2 threads, [512, K] x [4096, K]): 128 rows and
-// 1 MiB beat 256 rows (10.0 ms at K = 4096) and 2 MiB (9.2 ms; 8.5 ms at 128 rows and 1 MiB); at K = 11008
-// the 1 MiB k-passes beat a whole-K pass of 2.75 MiB (33.6 against 36.3 ms).
-constexpr int64_t kPassBytes = 1 << 20;
+// The loops, measured on a Xeon with AMX (2 threads, [M, 4096] x [4096, 4096], medians of interleaved runs):
+// - A pass takes kPassRows rows of x (16 per tile, in pairs). Within it, each thread walks its weight panels
+//   (32 rows), and each panel k-slice by k-slice: the slice's weights are decoded into L1 (kSlice values of
+//   k: 16 KiB), then every pair of x tiles of the pass is multiplied by them, its x read from L2. A weight
+//   is decoded once per pass.
+// - The C tiles of a pair stay in the tile registers from slice to slice when the pass has one pair (up to
+//   32 rows); with more, each pair's C tiles are stored and reloaded per slice (about a third of the tile
+//   time; keeping them instead means reading the weights from L2 as well: 7.4-9.6 ns per tdpbf16ps against
+//   5.0 in L1).
+// - Whole-K panels in L2 (no slices): 0.79 / 1.08 / 11.1 ms at 8 / 32 / 512 rows against 0.55 / 0.77 / 9.6 with
+//   slices of 256 (128: the same; 512: 0.61 / 1.06 / 11.2). Passes of 128 rows: 256 rows took 11.1 ms, 64
+//   rows 10.4 (fewer passes decode less, but their C tiles and x slices no longer fit beside the weights).
+constexpr int64_t kSlice = 256;
 constexpr int64_t kPassRows = 128;
+constexpr int64_t kPassBytes = 1 << 20;
 
 struct alignas(64) TileConfig {
   uint8_t palette = 0, start_row = 0;
@@ -160,6 +168,8 @@ BNB_AMX_TARGET void decode_panel(const uint8_t* B, int64_t N, int64_t K, int64_t
     for (int64_t c = 0; c < rows; ++c) {
       const int64_t f = (n0 + c) * K + k0 + k;
       const __m512i tab = bf16_table(ctab, block_scale(absmax, nested, f >> shift));
+      // The row's codes of the next slice, while its tiles are multiplied (8.9 against 9.3 ms at 512 rows).
+      _mm_prefetch(reinterpret_cast<const char*>(B + f / 2 + klen / 2), _MM_HINT_T0);
       const __m512i w = load_codes64(B + f / 2);
       _mm512_storeu_si512(dst + c * 32, even_weights(w, tab));
       _mm512_storeu_si512(dst + kRows * 32 + c * 32, odd_weights(w, tab));
@@ -171,20 +181,24 @@ BNB_AMX_TARGET void decode_panel(const uint8_t* B, int64_t N, int64_t K, int64_t
   }
 }
 
-// C tiles of 32 weight rows x 16 J rows of x over `chunks` chunks of k, from zero or from the fp32 tiles
-// in c (stored and reloaded exactly, so a k split into passes sums in the same order), back into c:
-// tile 2j + i is weight rows 16i.. x rows 16j...
+// Where a call of tiles() takes its C tiles from: zeros (the first values of k), the fp32 tiles stored in c
+// by the previous call (stored and reloaded exactly, so a k split into slices sums in the same order), or
+// the tile registers as the previous call left them (one pair of x tiles per pass: nothing else ran).
+enum class Acc { zero, load, keep };
+
+// C tiles of 32 weight rows x 16 J rows of x over `chunks` chunks of k; stored into c when `store`: tile
+// 2j + i is weight rows 16i.., x rows 16j...
 template <int J>
-BNB_AMX_TARGET void tiles(const uint16_t* wb, const uint16_t* xb0, const uint16_t* xb1, int64_t xstride, int64_t chunks,
-                          bool first, float* c) {
-  if (first) {
+BNB_AMX_TARGET void tiles(const uint16_t* wb, const uint16_t* xb0, const uint16_t* xb1, int64_t chunks, Acc acc,
+                          bool store, float* c) {
+  if (acc == Acc::zero) {
     _tile_zero(0);
     _tile_zero(1);
     if (J == 2) {
       _tile_zero(2);
       _tile_zero(3);
     }
-  } else {
+  } else if (acc == Acc::load) {
     _tile_loadd(0, c, 64);
     _tile_loadd(1, c + 256, 64);
     if (J == 2) {
@@ -192,7 +206,7 @@ BNB_AMX_TARGET void tiles(const uint16_t* wb, const uint16_t* xb0, const uint16_
       _tile_loadd(3, c + 768, 64);
     }
   }
-  for (int64_t k = 0; k < chunks; ++k, wb += 2 * kTile, xb0 += xstride, xb1 += xstride) {
+  for (int64_t k = 0; k < chunks; ++k, wb += 2 * kTile, xb0 += kTile, xb1 += kTile) {
     _tile_loadd(4, wb, 64);
     _tile_loadd(5, wb + kTile, 64);
     _tile_loadd(6, xb0, 64);
@@ -204,11 +218,13 @@ BNB_AMX_TARGET void tiles(const uint16_t* wb, const uint16_t* xb0, const uint16_
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  _tile_stored(0, c, 64);
-  _tile_stored(1, c + 256, 64);
-  if (J == 2) {
-    _tile_stored(2, c + 512, 64);
-    _tile_stored(3, c + 768, 64);
+  if (store) {
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    if (J == 2) {
+      _tile_stored(2, c + 512, 64);
+      _tile_stored(3, c + 768, 64);
+    }
   }
   BNB_COMPILER_BARRIER();
 }
@@ -266,35 +282,44 @@ BNB_AMX_TARGET void gemm_amx(const uint16_t* x, int64_t M, int64_t N, int64_t K,
   });
   int shift = 0;
   while ((int64_t(1) << shift) < blocksize) ++shift;
-  // Tiles of x per pass (pairs where possible) and k per pass (a multiple of 64).
-  const int64_t pass_tiles = std::min(MT, kPassRows / 16);
-  const int64_t pass_k = std::min(K, std::max<int64_t>(64, kPassBytes / (pass_tiles * 16 * 2) / 64 * 64));
+  const int64_t pass_tiles = std::min(MT, kPassRows / 16), pairs = (pass_tiles + 1) / 2;
+  // k per pass over x: the pass's x (at most kPassBytes) stays in L2 while every panel of the thread
+  // multiplies it; a whole-K pass at K = 11008 would stream 2.75 MiB from L3 for each panel.
+  const int64_t pass_k = std::min(K, std::max(kSlice, kPassBytes / (pass_tiles * 16 * 2) / kSlice * kSlice));
   const int64_t panels = (N + kRows - 1) / kRows;
   parallel_for(panels, 1, threads, [&](int64_t p0, int64_t p1) BNB_AMX_TARGET {
     static thread_local ThreadBuffers buf;
-    uint16_t* wb = buf.panel(pass_k);
-    float* acc = buf.acc((pass_tiles + 1) / 2 * 4);
+    uint16_t* wb = buf.panel(kSlice);
+    // C tiles between k passes: one set per panel of this thread's share when K takes several passes.
+    float* acc = buf.acc((pass_k < K ? p1 - p0 : 1) * pairs * 4);
     TileScope scope;
     for (int64_t t0 = 0; t0 < MT; t0 += pass_tiles) {
       const int64_t t1 = std::min(MT, t0 + pass_tiles);
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t n0 = p * kRows;
-        for (int64_t k0 = 0; k0 < K; k0 += pass_k) {
-          const int64_t klen = std::min(pass_k, K - k0);
-          decode_panel(B, N, K, n0, k0, klen, absmax, nested, code, shift, wb);
-          BNB_COMPILER_BARRIER();
-          const bool first = k0 == 0, last = k0 + klen >= K;
-          for (int64_t t = t0; t < t1; t += 2) {
-            float* c = acc + (t - t0) / 2 * 4 * 256;
-            const uint16_t* x0 = xb + (t * KC + k0 / 32) * kTile;
-            if (t + 1 < t1)
-              tiles<2>(wb, x0, x0 + KC * kTile, kTile, klen / 32, first, c);
-            else
-              tiles<1>(wb, x0, x0, kTile, klen / 32, first, c);
-            if (!last) continue;
-            for (int64_t j = 0; j < std::min<int64_t>(2, t1 - t); ++j)
-              for (int64_t i = 0; i < 2; ++i)
-                if (n0 + 16 * i < N) store_tile(c + (2 * j + i) * 256, (t + j) * 16, n0 + 16 * i, M, N, bias, y);
+      const bool one_pair = t1 - t0 <= 2;
+      for (int64_t k0 = 0; k0 < K; k0 += pass_k) {
+        const int64_t k1 = std::min(K, k0 + pass_k);
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t n0 = p * kRows;
+          float* cp = acc + (pass_k < K ? p - p0 : 0) * pairs * 4 * 256;
+          for (int64_t ks = k0; ks < k1; ks += kSlice) {
+            const int64_t slen = std::min(kSlice, k1 - ks);
+            decode_panel(B, N, K, n0, ks, slen, absmax, nested, code, shift, wb);
+            BNB_COMPILER_BARRIER();
+            const bool last = ks + slen >= K, pass_end = ks + slen >= k1;
+            const Acc mode = ks == 0 ? Acc::zero : (one_pair && ks > k0) ? Acc::keep : Acc::load;
+            const bool store = pass_end || !one_pair;
+            for (int64_t t = t0; t < t1; t += 2) {
+              float* c = cp + (t - t0) / 2 * 4 * 256;
+              const uint16_t* x0 = xb + (t * KC + ks / 32) * kTile;
+              if (t + 1 < t1)
+                tiles<2>(wb, x0, x0 + KC * kTile, slen / 32, mode, store, c);
+              else
+                tiles<1>(wb, x0, x0, slen / 32, mode, store, c);
+              if (!last) continue;
+              for (int64_t j = 0; j < std::min<int64_t>(2, t1 - t); ++j)
+                for (int64_t i = 0; i < 2; ++i)
+                  if (n0 + 16 * i < N) store_tile(c + (2 * j + i) * 256, (t + j) * 16, n0 + 16 * i, M, N, bias, y);
+            }
           }
         }
       }
