@@ -367,18 +367,20 @@ def verdicts(results: dict) -> list[dict]:
                 row["limit"] = target.limit(case, ctx)
             rows.append(row)
         if not matched:
-            why = "no saved run of this mode to compare with" if target.compact else "no row of this run"
+            why = "no saved run of this mode on this CPU to compare with" if target.compact else "no row of this run"
             rows.append({**base, "case": None, "label": "—", "value": None, "status": f"n/a: {why}"})
     return rows
 
 
-def load_baseline(path: Path, quick: bool) -> dict | None:
-    """ours' median per case id from a saved run of the same mode (None when there is none)."""
+def load_baseline(path: Path, quick: bool, cpu: str | None = None) -> dict | None:
+    """ours' median per case id from a saved run of the same mode on the same CPU (None when there is none:
+    a run on another machine kind says nothing about this change; results/ holds whichever ran last)."""
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if saved.get("meta", {}).get("quick") != quick:
+    meta = saved.get("meta", {})
+    if meta.get("quick") != quick or (cpu is not None and meta.get("cpu") != cpu):
         return None
     ours = {c["id"]: _t(c, "ours") for c in saved.get("cases", []) if c.get("native") and _t(c, "ours")}
     return {"date": saved["meta"].get("date"), "ours": ours}

@@ -384,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"threads {threads}, ISA {meta['isa']}, native on cpu: {', '.join(native) or 'none'}", flush=True)
     copy_start, read_start = common.copy_bandwidth(budget), common.read_bandwidth(budget)
     print(f"copy bandwidth {copy_start['GBps']:.1f} GB/s, read {read_start['GBps']:.1f} GB/s", flush=True)
-    # The last saved run of the same mode: "every existing row stays at least as fast" is judged against it.
-    baseline = None if args.smoke else report.load_baseline(args.out / "cpu_bench.json", args.quick)
+    # The last saved run of the same mode on this CPU: "every existing row stays at least as fast" is judged
+    # against it.
+    baseline = None if args.smoke else report.load_baseline(args.out / "cpu_bench.json", args.quick, meta["cpu"])
 
     upstream, upstream_meta, upstream_error = None, None, "no --upstream-python given"
     if args.upstream_python:

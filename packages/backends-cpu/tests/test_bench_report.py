@@ -179,7 +179,9 @@ def test_existing_rows_judged_against_the_last_saved_run(tmp_path):
     path.write_text(json.dumps(saved))
     assert report.load_baseline(path, quick=False) is None  # another mode is no baseline
     assert report.load_baseline(tmp_path / "missing.json", quick=True) is None
-    baseline = report.load_baseline(path, quick=True)
+    cpu = saved["meta"]["cpu"]
+    assert report.load_baseline(path, quick=True, cpu=f"not {cpu}") is None  # another machine is no baseline
+    baseline = report.load_baseline(path, quick=True, cpu=cpu)
     new = case("dequantize_blockwise/api/4096x4096")  # not in the saved run: not an existing row
     res = results([row(a, ours=9.5), row(b, ours=12.0), row(new, ours=1.0)], baseline=baseline)
     v = by_case(res, "every existing row")
