@@ -208,6 +208,13 @@ def _gemm_limit(case: dict, ctx: dict) -> str | None:
     ours, dense, decode = _t(case, "ours"), _t(case, "dense"), _t(case, "decode")
     if not (ours and dense and decode):
         return None
+    if ctx.get("amx_gemm"):
+        return (
+            f"ours {_ms(ours)} ms on our AMX kernel (the weight decoded into the tiles, no slab) against torch's "
+            f"bf16 GEMM {_ms(dense)} ms; decoding the weight alone takes {_ms(decode)} ms, done once per pass of "
+            "128 rows; the rest is the tile products, whose C tiles are stored and reloaded per k slice beyond "
+            "32 rows: no bound measured for that, a gap to close"
+        )
     return (
         f"ours {_ms(ours)} ms; torch's bf16 GEMM (dense) {_ms(dense)} ms + decoding the weight into bf16 "
         f"{_ms(decode)} ms = {_ms(dense + decode)} ms: ours runs torch's GEMM on decoded slabs, so <= dense "
@@ -332,6 +339,13 @@ def upstream_path(results: dict) -> str:
     return "standard eval path (dequantize + matmul; this CPU lacks the AVX512-BF16 of its repacked path)"
 
 
+def _amx_note(meta: dict) -> str:
+    why = meta.get("amx_gemm_unavailable")
+    if why is None:
+        return ""
+    return "; bf16 rows from 3 up on our AMX kernel" if why == "" else f"; no AMX kernel here ({why})"
+
+
 def verdicts(results: dict) -> list[dict]:
     """One row per (target, case it applies to); a target no case of this run applies to gets one
     "not measured" row, so that a target never drops out of the summary unseen."""
@@ -339,6 +353,7 @@ def verdicts(results: dict) -> list[dict]:
         "copy": results["copy_bandwidth"]["GBps"],
         "baseline": results.get("baseline"),
         "threads": results["meta"]["threads"],
+        "amx_gemm": results["meta"].get("amx_gemm_unavailable") == "",
     }
     path = upstream_path(results)
     rows = []
@@ -416,7 +431,8 @@ def render(results: dict) -> str:
         f"- mode: {_mode(meta)}; {meta['date']}; wall time {meta.get('wall_s', 0):.0f} s",
         f"- machine: {meta['cpu']}; torch threads: **{meta['threads']}** (ours, reference, dense and upstream); "
         f"1-min load average {_load(meta)} (start, end: above ~0.5 other processes share the cores, times are noisy)",
-        f"- ours: bitsandbytes-cpu {meta['backend_version']}, ISA {meta['isa']}; torch {meta['torch']}",
+        f"- ours: bitsandbytes-cpu {meta['backend_version']}, ISA {meta['isa']}; torch {meta['torch']}"
+        + _amx_note(meta),
         f"- native on cpu now: {', '.join(meta['native_ops']) or 'none'}",
         "- upstream: "
         + (

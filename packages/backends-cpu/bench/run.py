@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads": threads,
         "torch": torch.__version__,
         "isa": _C.isa(),
+        # Why bf16 rows from 3 up cannot take our AMX kernel here ("": they do); older builds lack the probe.
+        "amx_gemm_unavailable": _C.amx_bf16_unavailable() if hasattr(_C, "amx_bf16_unavailable") else "not built",
         "backend_version": backend_version,
         "native_ops": native,
         "python": sys.executable,

@@ -301,6 +301,15 @@ def test_the_gemm_row_adds_the_decode_to_torchs_gemm():
     assert "40.7 ms + decoding the weight into bf16 1.5 ms = 42.2 ms" in text
 
 
+def test_the_gemm_row_on_our_amx_kernel_is_no_decode_plus_gemm():
+    """Where the run's meta says our AMX kernel took the rows, no slab goes to torch's GEMM: a gap, not that sum."""
+    row = _case("gemm_4bit/512/4096x4096", "batch 512", 1, ours=12.0, dense=10.0, decode=1.5)
+    res = _limit_results(row)
+    res["meta"]["amx_gemm_unavailable"] = ""
+    (text,) = [v["limit"] for v in report.verdicts(res) if v["status"] == "NOT met" and v["case"]]
+    assert "our AMX kernel" in text and "a gap to close" in text and "= 11.5 ms" not in text
+
+
 @pytest.mark.parametrize("missing", ["ours_hot", "ours_1thread", "decode"])
 def test_a_row_without_its_limit_measurement_is_rendered_as_a_gap(missing):
     rows = {
