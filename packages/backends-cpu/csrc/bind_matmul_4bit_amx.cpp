@@ -40,6 +40,19 @@ BNB_BINDINGS(matmul_4bit_amx) {
     BNB_DISPATCH(amx_workspace_bytes, M, K, &bytes);
     return bytes;
   });
+  // The calling thread's tile configuration (64 bytes), then `load` loaded if given (tests).
+  m.def(
+      "amx_tile_config",
+      [](std::optional<nb::bytes> load) {
+        const std::string why = amx_unavailable();
+        if (!why.empty()) throw std::runtime_error("amx_tile_config: " + why);
+        if (load && load->size() != 64) throw std::invalid_argument("load must be 64 bytes");
+        uint8_t out[64];
+        const auto* l = load ? static_cast<const uint8_t*>(load->data()) : nullptr;
+        BNB_DISPATCH(amx_tile_config, l, out);
+        return nb::bytes(reinterpret_cast<const char*>(out), 64);
+      },
+      nb::arg("load").none() = nb::none());
   // out[M, N] = A[M, K] @ W.T (+ bias), bf16, on AMX tiles; W the [N, K] packed 4-bit weight. With
   // absmax_8bit (double quantization) absmax is absmax2, one per 256 blocks.
   m.def(

@@ -5,8 +5,8 @@ The claims tested: the probe agrees with torch's own AMX check and says why not 
 result is the reference's weights (bf16(code * absmax), nested scales included) times bf16 A summed in
 fp32 and rounded once, correctly rounded but for the rare sums near a rounding midpoint, across tails of
 every tile dimension and the kernel's passes over rows and over k; the thread count and the batch a row
-is in change no bit; the tile configuration torch's own AMX kernels left on a thread is there again
-afterwards; bad arguments are refused before any tile is touched.
+is in change no bit; a thread's tile configuration is as it was after our kernel ran on it, and torch's
+AMX ops around ours give the same bits; bad arguments are refused before any tile is touched.
 """
 
 from __future__ import annotations
@@ -138,11 +138,41 @@ def test_threads_and_batch_change_no_bit():
         assert torch.equal(ops.gemm_4bit(A[lo:hi], q, [N, K], absmax, 64, "nf4", bias=b, **kw), outs[0][lo:hi])
 
 
+def tile_config(palette: int, shapes: list[tuple[int, int]]) -> bytes:
+    """A 64-byte AMX tile configuration: palette, then bytes per row and rows of each tile."""
+    colsb = b"".join(c.to_bytes(2, "little") for c, _ in shapes).ljust(32, b"\0")
+    return bytes([palette, 0]) + bytes(14) + colsb + bytes(r for _, r in shapes).ljust(16, b"\0")
+
+
 @needs_amx
-def test_torchs_amx_kernels_keep_their_tile_configuration():
-    """torch's cpublas brgemm (flash attention on the CPU) and oneDNN's matmul load a tile configuration per
-    thread, and brgemm reloads it only when it notes that another of its kernels ran: ours puts each
-    thread's configuration back, so their results before and after a call of ours are the same bits."""
+def test_the_threads_tile_configuration_is_put_back():
+    """A thread's configuration is as it was after our kernel ran on it (threads=1: on the caller): code
+    that keeps one loaded between its calls (torch's cpublas brgemm does until brgemm_release) must not
+    find ours; a thread that had none has none again."""
+    N, K, M = 64, 256, 20
+    q, absmax, _, _ = weight(N, K, 64, seed=13)
+    A = randn((M, K), torch.bfloat16, seed=14, spread=False)
+    table = _formats.code_table("nf4", "cpu").float()
+    out = torch.empty(M, N, dtype=torch.bfloat16)
+    work = torch.empty(_C.amx_workspace_bytes(M, K), dtype=torch.uint8)
+    qb = q.view(torch.uint8).reshape(-1)
+    theirs = tile_config(1, [(32, 8), (64, 16), (16, 4)])
+    none = bytes(64)
+    before = _C.amx_tile_config(theirs)
+    try:
+        for expected in (theirs, none):
+            _C.amx_tile_config(expected)
+            _C.gemm_4bit_amx_bf16(A, qb, M, N, K, absmax, table, 64, None, out, work, 1)
+            assert _C.amx_tile_config() == expected
+    finally:
+        _C.amx_tile_config(before)
+    ref = REFERENCE["gemm_4bit"](A, q, [N, K], absmax, 64, "nf4")
+    assert (out.float() - ref.float()).abs().max() <= 0.05 * ref.float().abs().max()
+
+
+@needs_amx
+def test_torchs_amx_ops_around_ours_give_the_same_bits():
+    """torch's bf16 SDPA (cpublas brgemm on AMX) and F.linear (oneDNN) before and after calls of ours."""
     torch.manual_seed(0)
     q_, k_, v_ = (torch.randn(2, 4, 128, 64, dtype=torch.bfloat16) for _ in range(3))
     x, w = torch.randn(64, 512, dtype=torch.bfloat16), torch.randn(256, 512, dtype=torch.bfloat16)

@@ -62,9 +62,11 @@ struct alignas(64) TileConfig {
 static_assert(sizeof(TileConfig) == 64, "the tile configuration is 64 bytes");
 
 // Our tile shapes for the scope of one chunk of work on one thread. The thread's previous configuration
-// is put back afterwards, not just released: torch's brgemm (at::native::cpublas) notes per thread which
-// configuration it loaded last and reloads only when another of its kernels ran, so a configuration of
-// ours left behind would be used by its next kernel. A thread that had none gets its tiles released.
+// is put back afterwards, not just released: code that keeps a configuration loaded between its calls
+// and reloads it only when it knows another of its own kernels ran (torch's cpublas brgemm notes the
+// current kernel per thread until brgemm_release) would otherwise run on ours. torch's own ops release at
+// their end (measured: no configuration is loaded after SDPA or a bf16 F.linear), so this guards code
+// around us, not torch's ops. A thread that had none gets its tiles released.
 class TileScope {
  public:
   BNB_AMX_TARGET TileScope() {
@@ -383,6 +385,21 @@ void amx_bf16_unavailable(const char** why) {
 
 void amx_workspace_bytes(int64_t M, int64_t K, int64_t* bytes) { *bytes = workspace_bytes(M, K); }
 
+BNB_AMX_TARGET void amx_tile_config(const uint8_t* load, uint8_t* out) {
+  TileConfig c;
+  BNB_COMPILER_BARRIER();
+  _tile_storeconfig(&c);
+  BNB_COMPILER_BARRIER();
+  std::memcpy(out, &c, sizeof c);
+  if (!load) return;
+  std::memcpy(&c, load, sizeof c);
+  BNB_COMPILER_BARRIER();
+  if (c.palette)
+    _tile_loadconfig(&c);
+  else
+    _tile_release();
+}
+
 void gemm_4bit_amx_bf16(const uint16_t* x, int64_t M, int64_t N, int64_t K, const uint8_t* B, const float* absmax,
                         const NestedAbsmax* nested, const float* code, int64_t blocksize, const uint16_t* bias,
                         uint16_t* y, void* work, int threads) {
@@ -403,6 +420,8 @@ void amx_bf16_unavailable(const char** why) {
 }
 
 void amx_workspace_bytes(int64_t, int64_t, int64_t* bytes) { *bytes = 0; }
+
+void amx_tile_config(const uint8_t*, uint8_t* out) { std::memset(out, 0, 64); }
 
 void gemm_4bit_amx_bf16(const uint16_t*, int64_t, int64_t, int64_t, const uint8_t*, const float*, const NestedAbsmax*,
                         const float*, int64_t, const uint16_t*, uint16_t*, void*, int) {}

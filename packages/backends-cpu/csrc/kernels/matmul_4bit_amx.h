@@ -13,6 +13,9 @@
   void amx_bf16_unavailable(const char** why);                                                                       \
   /* Bytes of the `work` buffer gemm_4bit_amx_bf16 needs for M rows of K (x laid out as tile operands). */           \
   void amx_workspace_bytes(int64_t M, int64_t K, int64_t* bytes);                                                    \
+  /* The calling thread's 64-byte tile configuration into out, then `load` loaded (null: nothing; palette */         \
+  /* 0: the tiles released). For tests: our kernel must leave a thread's configuration as it found it.     */        \
+  void amx_tile_config(const uint8_t* load, uint8_t* out);                                                           \
   /* y[M, N] = x[M, K] @ W.T (+ bias[N]) in bf16, fp32 accumulation; W the packed 4-bit [N, K] weight with   */      \
   /* its 16-entry fp32 table `code`, each weight bf16(code * scale) as the reference's dequantized weight.  */       \
   /* nested (nullable): absmax is absmax2 of double quantization. Needs K % 64 == 0 and blocksize >= 64.   */        \
