@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from native_helpers import isa, num_threads
 from test_gemm_route import check_correctly_rounded, setting, weight
 
+import bitsandbytes
 from bitsandbytes import _formats
 from bitsandbytes._reference import REFERENCE
 from bitsandbytes.testing.cases import randn
@@ -221,3 +222,17 @@ def test_bad_arguments_are_refused():
         call(absmax=absmax[:-1])
     with pytest.raises(ValueError, match="M, N and K must be >= 0"):
         call(M=-1)
+
+
+@needs_amx
+def test_compiled_linear4bit_on_the_amx_kernel_equals_eager(monkeypatch):
+    """Inductor sees gemm_4bit as one opaque op: compiled and eager forwards take our kernel, the same bits."""
+    torch.manual_seed(1)
+    layer = bitsandbytes.nn.Linear4bit(128, 96, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4")
+    layer = layer.to("cpu").to(torch.bfloat16)
+    x = randn((2, 20, 128), torch.bfloat16, seed=15, spread=False)
+    calls = amx_calls(monkeypatch)
+    with torch.no_grad():
+        eager = layer(x)
+        compiled = torch.compile(layer, fullgraph=True)(x)
+    assert len(calls) >= 2 and torch.equal(compiled, eager)
