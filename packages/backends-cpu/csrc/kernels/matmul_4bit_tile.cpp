@@ -129,10 +129,13 @@ void decode_range(const uint8_t* B, const float* absmax, const NestedAbsmax* nes
     const int64_t b = f / blocksize;
     const int64_t send = std::min(fend, (b + 1) * blocksize);
     // Two roundings for a nested scale (product, then + offset), as the reference's dequantize_blockwise + add.
-    float scale = absmax[b];
+    // Nested, absmax is absmax2 (one per 256 blocks): absmax[b] would read past it (found by ASan).
+    float scale;
     if (nested) {
       const float v = nested->code[nested->q[b]] * absmax[b / BNB_DOUBLE_QUANT_BLOCKSIZE];
       scale = v + nested->offset;
+    } else {
+      scale = absmax[b];
     }
     decode_segment<D>(B, BlockTable<D>(code, scale), f, send, out + (f - i0));
     f = send;
