@@ -112,6 +112,22 @@ def test_amx_gemm_is_the_correctly_rounded_product(monkeypatch, quant_type, M, N
 
 
 @needs_amx
+def test_many_rows_run_in_blocks_of_bounded_workspace(monkeypatch):
+    """Rows beyond AMX_WORK_BYTES of laid-out x go through the kernel in blocks (multiples of 128 rows), each
+    with the same workspace: the same bits as one call, and the workspace kept does not grow with M."""
+    M, N, K = 700, 40, 256
+    q, absmax, kw, _ = weight(N, K, 64, nested=True, seed=16)
+    A = randn((M, K), torch.bfloat16, seed=17, spread=False)
+    whole = ops.gemm_4bit(A, q, [N, K], absmax, 64, "nf4", **kw)
+    calls = amx_calls(monkeypatch)
+    monkeypatch.setattr(mm, "AMX_WORK_BYTES", 256 * K * 2)
+    mm._LOCAL.slab = None
+    blocks = ops.gemm_4bit(A, q, [N, K], absmax, 64, "nf4", **kw)
+    assert calls == [256, 256, 188] and torch.equal(blocks, whole)
+    assert mm._LOCAL.slab.numel() <= max(mm.SLAB_BYTES, _C.amx_workspace_bytes(256, K))
+
+
+@needs_amx
 def test_a_weight_not_rounded_as_the_reference_is_caught():
     """check_correctly_rounded can fail here: the same kernel on the fp32 scales times 1.001 (each weight
     bf16(code * absmax * 1.001), most of them a different bf16 value)."""

@@ -70,6 +70,8 @@ AMX_BF16: bool | None = None
 AMX_GEMM_MIN_ROWS = 3
 # False turns the kernel above off (tests compare it with the other routes); None: wherever it runs.
 AMX_GEMM: bool | None = None
+# Bytes of A (as the kernel lays it out) per call of the AMX kernel; more rows are taken in blocks.
+AMX_WORK_BYTES = 16 << 20
 
 
 def _fast_bf16_gemm() -> bool:
@@ -145,8 +147,7 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
     bias = bias.contiguous() if bias is not None else None
     bf16 = A.dtype == torch.bfloat16
     if bf16 and M >= AMX_GEMM_MIN_ROWS and _amx_gemm(K, blocksize):
-        work = _slab_buffer(_C.amx_workspace_bytes(M, K), torch.uint8)
-        _C.gemm_4bit_amx_bf16(A, Bb, M, N, K, absmax, code, blocksize, bias, out, work, threads(), *(nested or ()))
+        _amx_into(A.reshape(M, K), Bb, N, K, absmax, code, blocksize, bias, out.view(M, N), nested)
         return
     fast_bf16 = bf16 and _fast_bf16_gemm()
     amx = fast_bf16 and _amx_bf16()
@@ -164,6 +165,20 @@ def _matmul_into(A, B, N, K, absmax, code, blocksize, bias, out, nested=None) ->
         _bf16_slabs_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested, slab_bytes)
     else:
         _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested)
+
+
+def _amx_into(A2, Bb, N, K, absmax, code, blocksize, bias, out2, nested) -> None:
+    """Our AMX kernel on row blocks whose x, laid out as tiles (the kernel's workspace, kept per thread), takes
+    at most AMX_WORK_BYTES: a row's sums do not depend on the rows beside it, and the kernel decodes the
+    weight once per 128 rows anyway, so the blocks cost nothing and the memory kept stays bounded."""
+    M = A2.shape[0]
+    rows = max(128, AMX_WORK_BYTES // (2 * K) // 128 * 128)
+    work = _slab_buffer(_C.amx_workspace_bytes(min(M, rows), K), torch.uint8)
+    for m0 in range(0, M, rows):
+        m1 = min(M, m0 + rows)
+        _C.gemm_4bit_amx_bf16(
+            A2[m0:m1], Bb, m1 - m0, N, K, absmax, code, blocksize, bias, out2[m0:m1], work, threads(), *(nested or ())
+        )
 
 
 def _fp32_tiles_into(A, Bb, M, N, K, absmax, code, blocksize, bias, out, nested) -> None:
