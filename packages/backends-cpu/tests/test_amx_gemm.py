@@ -11,6 +11,7 @@ AMX ops around ours give the same bits; bad arguments are refused before any til
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 
 import pytest
@@ -252,3 +253,33 @@ def test_compiled_linear4bit_on_the_amx_kernel_equals_eager(monkeypatch):
         eager = layer(x)
         compiled = torch.compile(layer, fullgraph=True)(x)
     assert len(calls) >= 2 and torch.equal(compiled, eager)
+
+
+def _forked_child(queue, A, q, absmax, expected) -> None:
+    # torch's OpenMP team cannot run in a forked child; ours runs on its pool there, 2 threads.
+    torch.set_num_threads(1)
+    out = torch.empty(expected.shape, dtype=torch.bfloat16)
+    work = torch.empty(_C.amx_workspace_bytes(A.shape[0], A.shape[1]), dtype=torch.uint8)
+    table = _formats.code_table("nf4", "cpu").float()
+    qb = q.view(torch.uint8).reshape(-1)
+    _C.gemm_4bit_amx_bf16(A, qb, A.shape[0], out.shape[1], A.shape[1], absmax, table, 64, None, out, work, 2)
+    queue.put(bool(torch.equal(out, expected)))
+
+
+@needs_amx
+def test_a_forked_child_keeps_the_permission_and_the_bits():
+    """Linux hands the tile-data permission (arch_prctl) down to a forked child, as DataLoader workers are:
+    the kernel runs there (a tile instruction without it would be SIGILL) and gives the same bits."""
+    N, K, M = 64, 512, 40
+    q, absmax, _, _ = weight(N, K, 64, seed=18)
+    A = randn((M, K), torch.bfloat16, seed=19, spread=False)
+    with num_threads(2):
+        expected = ops.gemm_4bit(A, q, [N, K], absmax, 64, "nf4")
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_forked_child, args=(queue, A, q, absmax, expected))
+    child.start()
+    child.join(timeout=120)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0 and queue.get(timeout=5) is True
