@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "bindings.h"
+#include "fourbit_args.h"
 #include "isa.h"
 #include "kernels/matmul_4bit_amx.h"
 
@@ -19,14 +20,6 @@ std::string amx_unavailable() {
   BNB_DISPATCH(amx_bf16_unavailable, &why);
   return why;
 }
-
-void at_least(const Array& a, int64_t n, const char* name) {
-  if (numel(a) < n)
-    throw std::invalid_argument(std::string(name) + " must have at least " + std::to_string(n) + " elements; got " +
-                                std::to_string(numel(a)));
-}
-
-int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
 
 }  // namespace
 
@@ -74,18 +67,8 @@ BNB_BINDINGS(matmul_4bit_amx) {
         at_least(B, ceil_div(N * K, 2), "B");
         const int64_t blocks = ceil_div(N * K, blocksize);
         NestedAbsmax nested{};
+        const NestedAbsmax* np = checked_scales(absmax, absmax_8bit, absmax_code, absmax_offset, blocks, nested);
         const float* am = f32(absmax, "absmax");
-        if (absmax_8bit) {
-          if (!absmax_code || !absmax_offset)
-            throw std::invalid_argument("absmax_8bit needs absmax_code and absmax_offset");
-          nested.q = u8(*absmax_8bit, "absmax_8bit");
-          at_least(*absmax_8bit, blocks, "absmax_8bit");
-          nested.code = f32(*absmax_code, "absmax_code", 256);
-          nested.offset = *f32(*absmax_offset, "absmax_offset", 1);
-          at_least(absmax, n_blocks(blocks, BNB_DOUBLE_QUANT_BLOCKSIZE), "absmax");
-        } else {
-          at_least(absmax, blocks, "absmax");
-        }
         const float* c = f32(code, "code", 16);
         const auto* bs = bias ? static_cast<const uint16_t*>(float_data(*bias, "bias", DType::bf16, N)) : nullptr;
         auto* y = static_cast<uint16_t*>(float_data(out, "out", DType::bf16, M * N));
@@ -93,7 +76,6 @@ BNB_BINDINGS(matmul_4bit_amx) {
         BNB_DISPATCH(amx_workspace_bytes, M, K, &need);
         void* w = u8(work, "work");
         at_least(work, need, "work");
-        const NestedAbsmax* np = absmax_8bit ? &nested : nullptr;
         nb::gil_scoped_release release;
         BNB_DISPATCH(gemm_4bit_amx_bf16, a, M, N, K, b, am, np, c, blocksize, bs, y, w, threads);
       },

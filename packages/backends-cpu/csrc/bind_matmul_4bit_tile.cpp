@@ -8,6 +8,7 @@
 
 #include "array.h"
 #include "bindings.h"
+#include "fourbit_args.h"
 #include "isa.h"
 #include "kernels/matmul_4bit_tile.h"
 
@@ -20,15 +21,6 @@ DType round_dtype(const std::string& name) {
   if (name == "bfloat16") return DType::bf16;
   throw std::invalid_argument("round_to must be 'float32', 'float16' or 'bfloat16'; got '" + name + "'");
 }
-
-void at_least(const Array& a, int64_t n, const char* name) {
-  if (numel(a) < n)
-    throw std::invalid_argument(std::string(name) + " must have at least " + std::to_string(n) + " elements; got " +
-                                std::to_string(numel(a)));
-}
-
-// ceil(n / d) without the overflow of n + d - 1 near INT64_MAX.
-int64_t ceil_div(int64_t n, int64_t d) { return n / d + (n % d != 0); }
 
 }  // namespace
 
@@ -47,23 +39,12 @@ BNB_BINDINGS(dequant_tile) {
         const uint8_t* b = u8(B, "B");
         at_least(B, ceil_div(i1, 2), "B");
         const int64_t blocks = ceil_div(i1, blocksize);
-        const float* am = f32(absmax, "absmax");
         NestedAbsmax nested{};
-        if (absmax_8bit) {
-          if (!absmax_code || !absmax_offset)
-            throw std::invalid_argument("absmax_8bit needs absmax_code and absmax_offset");
-          nested.q = u8(*absmax_8bit, "absmax_8bit");
-          at_least(*absmax_8bit, blocks, "absmax_8bit");
-          nested.code = f32(*absmax_code, "absmax_code", 256);
-          nested.offset = *f32(*absmax_offset, "absmax_offset", 1);
-          at_least(absmax, n_blocks(blocks, BNB_DOUBLE_QUANT_BLOCKSIZE), "absmax");
-        } else {
-          at_least(absmax, blocks, "absmax");
-        }
+        const NestedAbsmax* np = checked_scales(absmax, absmax_8bit, absmax_code, absmax_offset, blocks, nested);
+        const float* am = f32(absmax, "absmax");
         const float* c = f32(code, "code", 16);
         float* y = f32(out, "out");
         at_least(out, i1 - i0, "out");
-        const NestedAbsmax* np = absmax_8bit ? &nested : nullptr;
         nb::gil_scoped_release release;
         BNB_DISPATCH(dequantize_4bit_tile_f32, b, am, np, c, blocksize, i0, i1, rd, y, threads);
       },
