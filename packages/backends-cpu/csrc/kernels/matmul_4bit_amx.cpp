@@ -414,8 +414,10 @@ void gemm_4bit_amx_bf16(const uint16_t* x, int64_t M, int64_t N, int64_t K, cons
 void amx_bf16_unavailable(const char** why) {
 #if defined(BNB_ISA_AVX512)
   *why = "the AMX kernel is built for Linux on x86-64 with gcc or clang only";
-#else
+#elif defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
   *why = "the AMX kernel runs at the avx512 level only";
+#else
+  *why = "AMX tiles are an x86-64 feature";
 #endif
 }
 
