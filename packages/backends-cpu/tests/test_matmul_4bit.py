@@ -391,3 +391,47 @@ def test_avx512_nibble_shift_gemv(N, K, blocksize, dtype, quant_type):
         _C.gemv_4bit_bf16_dot(1 if used else 0)
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     check_close(outs[0], ref, A, W32, f"avx512 nibble shift {dtype}")
+
+
+# F.gemv_4bit of a double-quantized state: on the CPU it takes gemm_4bit's nested arguments (the kernel
+# expands the 8-bit scales as it reads them) instead of expanding them into fresh tensors first. The same
+# bits as the expanded route, every dtype and format, K % 128 == 64 included (the bf16 kernel's half step).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize(("N", "K"), [(64, 4096), (33, 192), (17, 320)])
+def test_gemv_4bit_nested_state_takes_the_nested_kernel(monkeypatch, dtype, quant_type, N, K):
+    from bitsandbytes import functional as F
+    from bitsandbytes._functional import quant
+
+    W = randn((N, K), dtype, 5, spread=False)
+    q, st = F.quantize_4bit(W, blocksize=64, quant_type=quant_type, compress_statistics=True)
+    x = randn((1, K), dtype, 6)
+    flat = F.QuantState(
+        absmax=quant._nested_absmax(st), shape=st.shape, code=st.code, blocksize=64, quant_type=quant_type, dtype=dtype
+    )
+    expected = F.gemv_4bit(x, q.t(), state=flat)
+    calls = []
+    real = quant._nested_absmax
+    monkeypatch.setattr(quant, "_nested_absmax", lambda qs: calls.append(qs) or real(qs))
+    got = F.gemv_4bit(x, q.t(), state=st)
+    assert not calls, "a nested state's scales were expanded in Python"
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(
+        got.view(torch.int16 if dtype != torch.float32 else torch.int32),
+        expected.view(torch.int16 if dtype != torch.float32 else torch.int32),
+    )
+    # A hand-made state whose code is not quant_type's table keeps the expanded route (gemm_4bit reads
+    # quant_type's table), and its result follows that code.
+    st.code = st.code * 0.5
+    halved = F.gemv_4bit(x, q.t(), state=st)
+    assert len(calls) == 1
+    assert torch.equal(
+        halved,
+        F.gemv_4bit(
+            x,
+            q.t(),
+            state=F.QuantState(
+                absmax=real(st), shape=st.shape, code=st.code, blocksize=64, quant_type=quant_type, dtype=dtype
+            ),
+        ),
+    )

@@ -378,10 +378,22 @@ void perm_A128(const float* a, int64_t K, float* out) {
       for (int j = 0; j < 16; ++j) out[c + 16 * s + j] = a[c + 8 * j + (s ^ 1)];
 }
 
+// The batch-1 kernels read ROWS weight rows side by side: streams too short for the hardware prefetcher to
+// train on, so each step prefetches the line at the same offset of the next ROWS rows into L1 (measured
+// on Zen 5, weights streaming from DRAM: 0.42 ms per 4096 x 4096 layer without, 0.20 with; two pairs
+// ahead was no better), and the line kFarPrefetch further on into L2. One core has only so many L1 misses
+// in flight; the L2 prefetch keeps more DRAM reads going (an AMX Xeon, 2 threads, bf16, 100 layers of
+// 4096 x 4096 streaming: 0.90-0.98 ms per layer without it, 0.77-0.85 with it at 8-32 KiB or 3-4 pairs
+// ahead; 4096 x 11008 and 11008 x 4096: 2.21-2.25 against 1.79-1.94; the same within noise with the
+// weight in L3). A prefetch past the end of the weights never faults.
+constexpr int64_t kFarPrefetch = 12 << 10;
+inline void prefetch_rows(const char* next) {
+  _mm_prefetch(next, _MM_HINT_T0);
+  _mm_prefetch(next + kFarPrefetch, _MM_HINT_T1);
+}
+
 // ROWS consecutive weight rows from base0, every row's sum computed by the same steps whatever ROWS is (a
-// row's result does not depend on the thread split). The next ROWS rows are prefetched, a line per 64
-// bytes read: rows read side by side are streams too short for the hardware prefetcher (see
-// row_pair_bf16; a prefetch past the end of the weights never faults).
+// row's result does not depend on the thread split). The next rows are prefetched (prefetch_rows).
 template <int ROWS>
 void rows_nibble_shift(const uint8_t* B, int64_t base0, int64_t K, const float* absmax, int shift, __m512 ctab,
                        const float* a, float* res) {
@@ -391,7 +403,7 @@ void rows_nibble_shift(const uint8_t* B, int64_t base0, int64_t K, const float* 
   __m512 acc[ROWS][2];
   for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t c = 0; c < K; c += 128) {
-    for (int r = 0; r < ROWS; ++r) _mm_prefetch(pf + r * 64 + ROWS * (c / 2), _MM_HINT_T0);
+    for (int r = 0; r < ROWS; ++r) prefetch_rows(pf + r * 64 + ROWS * (c / 2));
     __m512i v[ROWS];
     __m512 p[ROWS][2];
     for (int r = 0; r < ROWS; ++r) v[r] = _mm512_loadu_si512(row0 + r * K / 2 + c / 2);
@@ -430,94 +442,82 @@ void rows_nibble_shift(const uint8_t* B, int64_t base0, int64_t K, const float* 
 // bf16 A on CPUs with AVX512-BF16: vdpbf16ps does 32 multiply-adds per instruction (twice the fp32 FMA
 // rate) with fp32 accumulation. The block's table is scaled in fp32 and rounded to bf16: exactly the
 // reference's weight rounded to A's dtype, so products are exact and only the summation order differs.
-// A is stored as bf16, each chunk of 64 de-interleaved (32 even positions, then 32 odd). Needs chunks
-// of 64 that never straddle a block: K % 64 == 0 and blocksize >= 64.
+// A stays bf16, laid out once per call in the order the decode produces the weights. Needs halves of 64
+// that never straddle a block: K % 64 == 0 and blocksize >= 64.
 bool cpu_has_avx512bf16() {
   static const bool v = __builtin_cpu_supports("avx512bf16");
   return v;
 }
 
-template <int R>
-BNB_BF16_TARGET inline __attribute__((always_inline)) void bf16_step(const uint8_t* row, int64_t k, __m512i tab,
-                                                                     const uint16_t* a, int64_t lda,
-                                                                     __m512 (&acc)[R][2]) {
-  const __m512i w = load_codes64(row + k / 2);
-  const __m512i wo = odd_weights(w, tab);
-  const __m512i we = even_weights(w, tab);
-  for (int r = 0; r < R; ++r) {
-    const uint16_t* ar = a + r * lda + k;
-    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)we, (__m512bh)_mm512_loadu_si512(ar));
-    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)wo, (__m512bh)_mm512_loadu_si512(ar + 32));
-  }
+// A (bf16) for the row kernels below: each 128-chunk of k in the order the weights come out of
+// word_nibble_weights (four planes of 32: nibble s of word j is k = 4j + kWordNibbleK[s]), zeros past K up to
+// the next multiple of 128 (a K % 128 == 64 tail reads the zero upper half of the table there).
+inline int64_t bf16_chunked_len(int64_t K) { return (K + 127) / 128 * 128; }
+void perm_A128_bf16(const uint16_t* x, int64_t K, uint16_t* out) {
+  for (int64_t c = 0; c < K; c += 128)
+    for (int s = 0; s < 4; ++s)
+      for (int64_t j = 0; j < 32; ++j) {
+        const int64_t k = c + 4 * j + kWordNibbleK[s];
+        out[c + 32 * s + j] = k < K ? x[k] : uint16_t(0);
+      }
 }
 
-template <int R>
-BNB_BF16_TARGET void row_bf16(const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
-                              const float* code, const uint16_t* a, int64_t lda, float* res) {
+// ROWS consecutive weight rows from base0 times R rows of A (lda apart, laid out by perm_A128_bf16).
+// Every row's sum takes the same steps whatever ROWS and R are: four accumulators (one per nibble plane)
+// over the chunks in order, added in one fixed order at the end, so a row's result does not depend on
+// the thread split or on whether it ran in a pair. Pairs (ROWS 2, M == 1) share every load of A and
+// prefetch the next pair (prefetch_rows).
+template <int ROWS, int R>
+BNB_BF16_TARGET void rows_bf16(const uint8_t* B, int64_t base0, int64_t K, const float* absmax, int64_t blocksize,
+                               const float* code, const uint16_t* a, int64_t lda, float* res) {
   int shift = 0;
   while ((int64_t(1) << shift) < blocksize) ++shift;
-  const uint8_t* row = B + base / 2;
-  const __m512 ctab = _mm512_loadu_ps(code);
-  __m512 acc0[R][2], acc1[R][2];  // two sets: independent dependency chains for consecutive chunks
-  for (int r = 0; r < R; ++r) acc0[r][0] = acc0[r][1] = acc1[r][0] = acc1[r][1] = _mm512_setzero_ps();
-  int64_t cur = -1;
-  __m512i tab = _mm512_setzero_si512();
-  int64_t k = 0;
-  for (; k + 128 <= K; k += 128) {
-    int64_t b = (base + k) >> shift;
-    if (b != cur) tab = bf16_table(ctab, absmax[cur = b]);
-    bf16_step<R>(row, k, tab, a, lda, acc0);
-    b = (base + k + 64) >> shift;
-    if (b != cur) tab = bf16_table(ctab, absmax[cur = b]);
-    bf16_step<R>(row, k + 64, tab, a, lda, acc1);
-  }
-  if (k < K) {
-    const int64_t b = (base + k) >> shift;
-    if (b != cur) tab = bf16_table(ctab, absmax[b]);
-    bf16_step<R>(row, k, tab, a, lda, acc0);
-  }
-  for (int r = 0; r < R; ++r)
-    res[r] = _mm512_reduce_add_ps(
-        _mm512_add_ps(_mm512_add_ps(acc0[r][0], acc0[r][1]), _mm512_add_ps(acc1[r][0], acc1[r][1])));
-}
-
-// M == 1: two weight rows per pass share every load of A (A is re-read from cache once per row pair
-// instead of once per row; matters when a row of A no longer fits in L1, e.g. K = 11008).
-BNB_BF16_TARGET void row_pair_bf16(const uint8_t* B, int64_t base0, int64_t K, const float* absmax, int64_t blocksize,
-                                   const float* code, const uint16_t* a, float* res) {
-  int shift = 0;
-  while ((int64_t(1) << shift) < blocksize) ++shift;
-  const int64_t base1 = base0 + K;
   const uint8_t* row0 = B + base0 / 2;
-  const uint8_t* row1 = B + base1 / 2;
+  const char* pf = reinterpret_cast<const char*>(row0 + ROWS * K / 2);
   const __m512 ctab = _mm512_loadu_ps(code);
-  // Per row the same two accumulator sets as row_bf16<1> (even / odd chunks) and the same final sum,
-  // so a row's result does not depend on whether it was computed in a pair (thread-count independence).
-  __m512 e0[1][2], o0[1][2], e1[1][2], o1[1][2];
-  e0[0][0] = e0[0][1] = o0[0][0] = o0[0][1] = e1[0][0] = e1[0][1] = o1[0][0] = o1[0][1] = _mm512_setzero_ps();
-  int64_t cur0 = -1, cur1 = -1;
-  __m512i tab0 = _mm512_setzero_si512(), tab1 = _mm512_setzero_si512();
-  // The next pair's bytes, one line per chunk: a pair reads two 2-KiB-ish streams at once and moves on
-  // after K / 2 bytes each, too short for the hardware prefetcher to train on (measured on Zen 5, weights
-  // streaming from DRAM: 0.42 ms per 4096x4096 layer without, 0.20 with; two pairs ahead was no better).
-  // A prefetch never faults: the last pair's, past the end of the weights, is dropped by the CPU.
-  const char* pf = reinterpret_cast<const char*>(B + (base0 + 2 * K) / 2);
-  auto chunk = [&](int64_t k, __m512(&acc0)[1][2], __m512(&acc1)[1][2]) BNB_BF16_TARGET {
-    _mm_prefetch(pf + k, _MM_HINT_T0);
-    const int64_t b0 = (base0 + k) >> shift, b1 = (base1 + k) >> shift;
-    if (b0 != cur0) tab0 = bf16_table(ctab, absmax[cur0 = b0]);
-    if (b1 != cur1) tab1 = bf16_table(ctab, absmax[cur1 = b1]);
-    bf16_step<1>(row0, k, tab0, a, 0, acc0);
-    bf16_step<1>(row1, k, tab1, a, 0, acc1);
+  __m512 acc[ROWS][R][4];
+  for (int i = 0; i < ROWS; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < 4; ++s) acc[i][r][s] = _mm512_setzero_ps();
+  int64_t cur[ROWS][2];
+  __m512i tab[ROWS];
+  for (int i = 0; i < ROWS; ++i) {
+    cur[i][0] = cur[i][1] = -1;
+    tab[i] = _mm512_setzero_si512();
+  }
+  auto step = [&](int i, __m512i w, int64_t k) BNB_BF16_TARGET {
+    const __m512i ws[4] = {word_nibble_weights<0>(w, tab[i]), word_nibble_weights<1>(w, tab[i]),
+                           word_nibble_weights<2>(w, tab[i]), word_nibble_weights<3>(w, tab[i])};
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < 4; ++s)
+        acc[i][r][s] =
+            _mm512_dpbf16_ps(acc[i][r][s], (__m512bh)ws[s], (__m512bh)_mm512_loadu_si512(a + r * lda + k + 32 * s));
   };
   int64_t k = 0;
   for (; k + 128 <= K; k += 128) {
-    chunk(k, e0, e1);
-    chunk(k + 64, o0, o1);
+    if (ROWS > 1)
+      for (int i = 0; i < ROWS; ++i) prefetch_rows(pf + i * 64 + ROWS * (k / 2));
+    for (int i = 0; i < ROWS; ++i) {
+      const int64_t f = base0 + i * K + k, lo = f >> shift, hi = (f + 64) >> shift;
+      if (lo != cur[i][0] || hi != cur[i][1]) {
+        tab[i] = bf16_table2(ctab, absmax[lo], absmax[hi]);
+        cur[i][0] = lo;
+        cur[i][1] = hi;
+      }
+      step(i, _mm512_loadu_si512(row0 + i * K / 2 + k / 2), k);
+    }
   }
-  if (k < K) chunk(k, e0, e1);
-  res[0] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e0[0][0], e0[0][1]), _mm512_add_ps(o0[0][0], o0[0][1])));
-  res[1] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e1[0][0], e1[0][1]), _mm512_add_ps(o1[0][0], o1[0][1])));
+  if (k < K) {  // K % 128 == 64: one block's half; the upper half of the table is zero, as A is there
+    for (int i = 0; i < ROWS; ++i) {
+      tab[i] = bf16_table2(ctab, absmax[(base0 + i * K + k) >> shift], 0.0f);
+      step(i, _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row0 + i * K / 2 + k / 2))),
+           k);
+    }
+  }
+  for (int i = 0; i < ROWS; ++i)
+    for (int r = 0; r < R; ++r)
+      res[i * R + r] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[i][r][0], acc[i][r][1]), _mm512_add_ps(acc[i][r][2], acc[i][r][3])));
 }
 
 // Many rows of A (bf16, AVX512-BF16): a register-blocked GEMM on weights decoded once per tile of C weight
@@ -696,7 +696,7 @@ BNB_BF16_TARGET void gemm_tiles_bf16(const uint16_t* a, int64_t M, int64_t N, in
 #endif
 
 int bf16_dot_mode = 1;                     // gemv_4bit_bf16_dot(): 0 forces the fp32 path (tests)
-constexpr int64_t bf16_tile_min_rows = 8;  // M above this: gemm_tiles_bf16 (row_bf16 below: no packing, no tiles)
+constexpr int64_t bf16_tile_min_rows = 8;  // M above this: gemm_tiles_bf16 (rows_bf16 below: no packing, no tiles)
 
 template <int R>
 void row_dot(bool fast, const uint8_t* B, int64_t base, int64_t K, const float* absmax, int64_t blocksize,
@@ -1019,13 +1019,9 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
                       static_cast<uint16_t*>(out), threads);
       return;
     }
-    std::vector<uint16_t> abuf(size_t(M * K));
-    const uint16_t* x = static_cast<const uint16_t*>(A);
-    for (int64_t c = 0; c < M * K; c += 64)
-      for (int64_t j = 0; j < 32; ++j) {
-        abuf[c + j] = x[c + 2 * j];
-        abuf[c + 32 + j] = x[c + 2 * j + 1];
-      }
+    const int64_t lda = bf16_chunked_len(K);
+    std::vector<uint16_t> abuf(size_t(M * lda));
+    for (int64_t m = 0; m < M; ++m) perm_A128_bf16(static_cast<const uint16_t*>(A) + m * K, K, abuf.data() + m * lda);
     const uint16_t* bias_t = static_cast<const uint16_t*>(bias);
     uint16_t* y = static_cast<uint16_t*>(out);
     const uint16_t* a = abuf.data();
@@ -1037,10 +1033,10 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
         const float* absmax = row_scales(absmax_in, nested, n0, n1, K, blocksize, sbuf);
         if (M == 1) {
           // Row pairs from n0: which pair a row falls in depends on n0, but each row's sum is computed
-          // the same way in row_pair_bf16 and row_bf16<1> (same steps, same accumulator split).
+          // the same way in rows_bf16<2, 1> and rows_bf16<1, 1> (same steps, same accumulator split).
           int64_t n = n0;
           for (; n + 2 <= n1; n += 2) {
-            row_pair_bf16(B, n * K, K, absmax, blocksize, code, a, res);
+            rows_bf16<2, 1>(B, n * K, K, absmax, blocksize, code, a, lda, res);
             for (int i = 0; i < 2; ++i)
               y[n + i] = float_to_bf16(res[i] + (bias_t ? bf16_to_float(bias_t[n + i]) : 0.0f));
           }
@@ -1050,19 +1046,19 @@ void gemv_4bit(const void* A, DType dtype, int64_t M, int64_t N, int64_t K, cons
           const float bn = bias_t ? bf16_to_float(bias_t[n]) : 0.0f;
           for (int64_t m = 0; m < M; m += kMaxRows) {
             const int64_t R = std::min<int64_t>(kMaxRows, M - m);
-            const uint16_t* am = a + m * K;
+            const uint16_t* am = a + m * lda;
             switch (R) {
               case 1:
-                row_bf16<1>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                rows_bf16<1, 1>(B, n * K, K, absmax, blocksize, code, am, lda, res);
                 break;
               case 2:
-                row_bf16<2>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                rows_bf16<1, 2>(B, n * K, K, absmax, blocksize, code, am, lda, res);
                 break;
               case 3:
-                row_bf16<3>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                rows_bf16<1, 3>(B, n * K, K, absmax, blocksize, code, am, lda, res);
                 break;
               default:
-                row_bf16<4>(B, n * K, K, absmax, blocksize, code, am, K, res);
+                rows_bf16<1, 4>(B, n * K, K, absmax, blocksize, code, am, lda, res);
                 break;
             }
             for (int64_t r = 0; r < R; ++r) y[(m + r) * N + n] = float_to_bf16(res[r] + bn);

@@ -16,39 +16,27 @@ import torch
 from .. import _checks as c
 from .. import _formats
 from .. import functional as F
-from .._functional.quant import _check_quant_state, _nested_absmax
+from .._functional.quant import _check_quant_state, _nested_absmax, gemm_takes_nested, nested_gemm_args
 
 _ops = torch.ops.bitsandbytes
 
 
-def _gemm_takes_nested(qs: F.QuantState) -> bool:
-    """Whether gemm_4bit's nested arguments describe ``qs``'s scales: they fix the block size of the
-    8-bit codes (256, what quantize_4bit writes) and decode to float32. A state read from a checkpoint
-    may say otherwise (any ``nested_blocksize`` / ``nested_dtype``), as dequantize_4bit honours."""
-    s2 = qs.state2
-    return (
-        s2.blocksize == _formats.DOUBLE_QUANT_BLOCKSIZE
-        and s2.dtype == torch.float32
-        and isinstance(qs.offset, torch.Tensor)
-        and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in (s2.absmax, s2.code))
-    )
-
-
 def _gemm(A: torch.Tensor, B: torch.Tensor, qs: F.QuantState, bias: torch.Tensor | None) -> torch.Tensor:
-    if not qs.nested or not _gemm_takes_nested(qs):
+    if not qs.nested or not gemm_takes_nested(qs):
         absmax = _nested_absmax(qs) if qs.nested else qs.absmax
         return _ops.gemm_4bit.default(A, B, qs.shape, absmax, qs.blocksize, qs.quant_type, bias=bias)
+    absmax2, blocksize, quant_type, _, absmax_8bit, absmax_code, absmax_offset = nested_gemm_args(qs)
     return _ops.gemm_4bit.default(
         A,
         B,
         qs.shape,
-        qs.state2.absmax,
-        qs.blocksize,
-        qs.quant_type,
+        absmax2,
+        blocksize,
+        quant_type,
         bias=bias,
-        absmax_8bit=qs.absmax,
-        absmax_code=qs.state2.code,
-        absmax_offset=qs.offset.reshape(1).float(),
+        absmax_8bit=absmax_8bit,
+        absmax_code=absmax_code,
+        absmax_offset=absmax_offset,
     )
 
 
