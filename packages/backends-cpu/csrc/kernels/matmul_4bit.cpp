@@ -805,28 +805,28 @@ inline const float* row_scales(const float* absmax, const NestedAbsmax* nested, 
   buf.resize(size_t(std::max<int64_t>(b1 - b0, 1)));
   int64_t b = b0;
 #if defined(BNB_ISA_AVX512)
-  // 16 blocks at a time where they share one absmax2 (a group of BNB_DOUBLE_QUANT_BLOCKSIZE blocks): the
-  // codes looked up (by a gather, or from 16 registers: map_in_registers), then nested_scale's multiply
-  // and add (two roundings, no FMA): the same bits.
+  // 16 blocks at a time: the codes looked up (by a gather, or from 16 registers: map_in_registers), then
+  // nested_scale's multiply and add (two roundings, no FMA): the same bits. A run of 16 crosses at most one
+  // group of BNB_DOUBLE_QUANT_BLOCKSIZE blocks (its lanes past the boundary take the next absmax2), and the
+  // last run is masked: both were scalar, which at K = 11008 (pieces of two rows, 344 blocks) cost as much
+  // as the gathers themselves.
   auto expand = [&](auto lookup) {
     const __m512 offset = _mm512_set1_ps(nested->offset);
-    for (; b + 16 <= b1; b += 16) {
-      if (b / BNB_DOUBLE_QUANT_BLOCKSIZE != (b + 15) / BNB_DOUBLE_QUANT_BLOCKSIZE) {
-        for (int64_t i = b; i < b + 16; ++i) buf[size_t(i - b0)] = nested_scale(absmax, *nested, i);
-        continue;
-      }
-      const __m512 v = _mm512_mul_ps(lookup(nested->q + b), _mm512_set1_ps(absmax[b / BNB_DOUBLE_QUANT_BLOCKSIZE]));
-      _mm512_storeu_ps(buf.data() + (b - b0), _mm512_add_ps(v, offset));
+    for (; b < b1; b += 16) {
+      const int64_t n = std::min<int64_t>(16, b1 - b);
+      const __mmask16 live = __mmask16((1u << n) - 1);
+      const int64_t g = b / BNB_DOUBLE_QUANT_BLOCKSIZE, next = (g + 1) * BNB_DOUBLE_QUANT_BLOCKSIZE - b;
+      __m512 a2 = _mm512_set1_ps(absmax[g]);
+      if (next < n) a2 = _mm512_mask_mov_ps(a2, __mmask16(0xFFFFu << next), _mm512_set1_ps(absmax[g + 1]));
+      const __m512i idx = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(live, nested->q + b));  // 0 past b1
+      _mm512_mask_storeu_ps(buf.data() + (b - b0), live, _mm512_add_ps(_mm512_mul_ps(lookup(idx), a2), offset));
     }
   };
   if (b1 - b0 >= 256 && map_in_registers()) {  // the 16 registers' load pays off over many blocks
     const search8::MapInRegisters map(nested->code);
-    expand([&](const uint8_t* q) { return map.codes(q); });
+    expand([&](__m512i idx) { return map(idx); });
   } else {
-    expand([&](const uint8_t* q) {
-      return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))),
-                                 nested->code, 4);
-    });
+    expand([&](__m512i idx) { return _mm512_i32gather_ps(idx, nested->code, 4); });
   }
 #endif
   for (; b < b1; ++b) buf[size_t(b - b0)] = nested_scale(absmax, *nested, b);
