@@ -35,9 +35,13 @@ def check_close(out, ref, A, W32, what):
 
 
 # (M rows of A, N, K, blocksize): fast layouts, K not a multiple of the chunk, odd K (rows starting
-# mid-byte), blocks straddling rows, blocksize > K, and row counts on both sides of the crossover.
+# mid-byte), blocks straddling rows, blocksize > K, and row counts on both sides of the crossover. One row
+# with K % 128 == 64 and an odd N: the bf16 kernel's half step, in row pairs and in the single last row,
+# with 128-blocks that a 128-step of an odd row straddles.
 SHAPES = [
     (1, 64, 256, 64),
+    (1, 33, 192, 128),
+    (1, 9, 320, 64),
     (3, 33, 4096, 4096),
     (1, 7, 96, 32),
     (5, 17, 100, 64),
