@@ -808,8 +808,8 @@ inline const float* row_scales(const float* absmax, const NestedAbsmax* nested, 
   // 16 blocks at a time: the codes looked up (by a gather, or from 16 registers: map_in_registers), then
   // nested_scale's multiply and add (two roundings, no FMA): the same bits. A run of 16 crosses at most one
   // group of BNB_DOUBLE_QUANT_BLOCKSIZE blocks (its lanes past the boundary take the next absmax2), and the
-  // last run is masked: both were scalar, which at K = 11008 (pieces of two rows, 344 blocks) cost as much
-  // as the gathers themselves.
+  // last run is masked, so no run falls back to scalar code (no speed change measured on an AMX Xeon: the
+  // expansion is about 5% of a batch-1 call there).
   auto expand = [&](auto lookup) {
     const __m512 offset = _mm512_set1_ps(nested->offset);
     for (; b < b1; b += 16) {

@@ -641,7 +641,9 @@ def gemv_4bit(
         raise ValueError("state cannot be None: gemv_4bit needs the QuantState from quantize_4bit")
     qs = _check_quant_state("state", state)
     if out is None and _gemv_nested_in_kernel(A, qs):
-        return torch.ops.bitsandbytes.gemm_4bit.default(A, B.reshape(-1, 1), qs.shape, *nested_gemm_args(qs))
+        return torch.ops.bitsandbytes.gemm_4bit.default(
+            A, B.reshape(-1, 1), qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type, **nested_gemm_kwargs(qs)
+        )
     scales = _nested_absmax(qs) if qs.nested else qs.absmax
     if out is not None:
         torch.ops.bitsandbytes.gemv_4bit.out(A, B, qs.shape, scales, qs.code, qs.blocksize, out=out)
@@ -662,17 +664,14 @@ def gemm_takes_nested(qs: QuantState) -> bool:
     )
 
 
-def nested_gemm_args(qs: QuantState) -> tuple:
-    """gemm_4bit's arguments after ``shapeB`` for a double-quantized state (see gemm_takes_nested)."""
-    return (
-        qs.state2.absmax,
-        qs.blocksize,
-        qs.quant_type,
-        None,
-        qs.absmax,
-        qs.state2.code,
-        qs.offset.reshape(1).float(),
-    )
+def nested_gemm_kwargs(qs: QuantState) -> dict:
+    """gemm_4bit's nested arguments for a double-quantized state (see gemm_takes_nested); its absmax
+    argument is then ``qs.state2.absmax``."""
+    return {
+        "absmax_8bit": qs.absmax,
+        "absmax_code": qs.state2.code,
+        "absmax_offset": qs.offset.reshape(1).float(),
+    }
 
 
 _CPU_CODE_TABLES: dict[str, torch.Tensor] = {}

@@ -16,7 +16,7 @@ import torch
 from .. import _checks as c
 from .. import _formats
 from .. import functional as F
-from .._functional.quant import _check_quant_state, _nested_absmax, gemm_takes_nested, nested_gemm_args
+from .._functional.quant import _check_quant_state, _nested_absmax, gemm_takes_nested, nested_gemm_kwargs
 
 _ops = torch.ops.bitsandbytes
 
@@ -25,18 +25,8 @@ def _gemm(A: torch.Tensor, B: torch.Tensor, qs: F.QuantState, bias: torch.Tensor
     if not qs.nested or not gemm_takes_nested(qs):
         absmax = _nested_absmax(qs) if qs.nested else qs.absmax
         return _ops.gemm_4bit.default(A, B, qs.shape, absmax, qs.blocksize, qs.quant_type, bias=bias)
-    absmax2, blocksize, quant_type, _, absmax_8bit, absmax_code, absmax_offset = nested_gemm_args(qs)
     return _ops.gemm_4bit.default(
-        A,
-        B,
-        qs.shape,
-        absmax2,
-        blocksize,
-        quant_type,
-        bias=bias,
-        absmax_8bit=absmax_8bit,
-        absmax_code=absmax_code,
-        absmax_offset=absmax_offset,
+        A, B, qs.shape, qs.state2.absmax, qs.blocksize, qs.quant_type, bias=bias, **nested_gemm_kwargs(qs)
     )
 
 
