@@ -26,7 +26,7 @@ int64_t quantize_keyed(const typename Elem<D>::T* x, int64_t len, const float* f
       const __m512 f = _mm512_set1_ps(fac[(i + 16 * k) >> shift]);
       __m512 v = load16<D>(x + i + 16 * k);
       v = Full ? _mm512_mul_ps(v, f) : _mm512_div_ps(v, f);
-      j[k] = q.slot<true, Checked>(_mm512_max_ps(minus_one, _mm512_min_ps(one, v)));
+      j[k] = q.slot<true, Checked>(Checked ? _mm512_max_ps(minus_one, _mm512_min_ps(one, v)) : v);
     }
     __m512i bytes = _mm512_packus_epi16(_mm512_packs_epi32(j[0], j[1]), _mm512_packs_epi32(j[2], j[3]));
     _mm512_storeu_si512(o + i, _mm512_permutexvar_epi32(fix, bytes));
@@ -35,7 +35,7 @@ int64_t quantize_keyed(const typename Elem<D>::T* x, int64_t len, const float* f
     const __m512 f = _mm512_set1_ps(fac[i >> shift]);
     __m512 v = load16<D>(x + i);
     v = Full ? _mm512_mul_ps(v, f) : _mm512_div_ps(v, f);
-    __m512i j = q.slot<true, Checked>(_mm512_max_ps(minus_one, _mm512_min_ps(one, v)));
+    __m512i j = q.slot<true, Checked>(Checked ? _mm512_max_ps(minus_one, _mm512_min_ps(one, v)) : v);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), _mm512_cvtepi32_epi8(j));
   }
   return i;

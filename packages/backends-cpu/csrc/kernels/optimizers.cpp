@@ -24,6 +24,7 @@ namespace BNB_ISA_NS {
 namespace {
 
 constexpr int64_t kBlock = BNB_OPTIMIZER_BLOCKSIZE;
+constexpr int64_t kPrefetchBlocks = 2;  // how far ahead the 8-bit step prefetches (step_block_vec)
 
 template <class T>
 struct Type {
@@ -313,9 +314,10 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, bool s
       for (; i + 16 <= len; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
         v = full ? _mm512_mul_ps(v, f) : _mm512_div_ps(v, f);
+        constexpr bool Checked = decltype(check)::value;  // unchecked s needs no clamp (Keyed16)
         __m512i slot =
-            keyed.slot<decltype(sign)::value, decltype(check)::value>(_mm512_min_ps(hi, _mm512_max_ps(lo, v)));
-        if (!identity) slot = _mm512_i32gather_epi32(slot, order, 4);
+            keyed.slot<decltype(sign)::value, Checked, false>(Checked ? _mm512_min_ps(hi, _mm512_max_ps(lo, v)) : v);
+        if (!identity) slot = _mm512_i32gather_epi32(_mm512_and_si512(slot, _mm512_set1_epi32(0xff)), order, 4);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtepi32_epi8(slot));
       }
     };
@@ -593,6 +595,15 @@ void step_block_vec(const OptStep& st, const typename Elem<D>::T* g, typename El
     top[k] = any[k] = V::zero();
   }
   for (int64_t i = 0; i < kBlock; i += L) {
+    // g, p and the codes of the block after next, from L3 or DRAM, while this block's code pass (which
+    // reads only L1) runs: without it the step waits on the reads one core keeps in flight, then the codes
+    // wait on the arithmetic (one thread, Adam8bit 4096 x 4096, AMX Xeon: 25 -> 20.5 ms; 1 or 4 blocks
+    // ahead the same). A prefetch past the end of the arrays never faults.
+    const int64_t ahead = start + kPrefetchBlocks * kBlock + i;
+    _mm_prefetch(reinterpret_cast<const char*>(g + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
+    if (i % 64 == 0)
+      for (int k = 0; k < kStates; ++k) _mm_prefetch(reinterpret_cast<const char*>(q[k].codes + ahead), _MM_HINT_T0);
     F s[kStates];
     for (int k = 0; k < kStates; ++k) s[k] = V::mul(codes[k](q[k].codes + start + i), scale[k]);
     F pv = V::template load<D>(p + start + i);

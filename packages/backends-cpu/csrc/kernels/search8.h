@@ -55,43 +55,52 @@ struct MapInRegisters {
   }
 };
 
-// keyed_slot for 16 values: the AVX2 level's Keyed in 512-bit vectors, with masks for the compares. The
-// entry lookup is one vpgatherdd: on the Xeon measured (AVX-512, AMX) this beat the 8-step search through
-// the midpoints held in registers, which the level ran before (Adam8bit step 4096x4096: about 0.75x its time).
+// keyed_slot for 16 values. The entry lookup is one vpgatherdd: on the Xeon measured (AVX-512, AMX) this
+// beat the 8-step search through the midpoints held in registers, which the level ran before (Adam8bit step
+// 4096x4096: about 0.75x its time). The arithmetic is keyed_slot's, rearranged to fewer operations (the code
+// pass is most of an 8-bit optimizer step's arithmetic):
+// - floor_bits is a multiple of 2^shift, so the key's "- floor_bits" moves into the table's base address;
+// - |s|'s bits below the key are compared in the top bits of a lane against the whole entry, unsigned: the
+//   entry's threshold sits in its top bits, and its low bits (slot, flag) only break a tie, toward "not below",
+//   as keyed_slot's strict comparison does;
+// - the slot is the entry's low byte (plus one), so the other bytes need no clearing before a narrowing
+//   store (Clean = false).
+// Signed / Checked as Keyed::slot. Checked = false also takes s unclamped: the caller's s is finite and at
+// most a few ulps beyond [-1, 1] (x times the reciprocal of its block's absmax), and such s share the keys
+// of -1 and 1, whose entries are built for -1 and 1 themselves (nearest_code_build.h caps values at one).
 struct Keyed16 {
   const NearestCode& map;
-  __m512i abs_bits, floor, neg_keys, low_mask, byte, last;
-  __m128i shift, threshold_shift;
+  const void* entries;  // map.entry - floor_bits >> shift: indexed by keys that still hold the floor
+  __m512i abs_bits, floor_key, neg_keys, shift, top_shift, top_mask, byte, last;
   explicit Keyed16(const NearestCode& m)
       : map(m),
+        // Integer arithmetic: the base lies before the table, and only keys at or above the floor reach it.
+        entries(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(m.entry) -
+                                              uintptr_t(m.floor_bits >> m.shift) * sizeof(uint32_t))),
         abs_bits(_mm512_set1_epi32(0x7fffffff)),
-        floor(_mm512_set1_epi32(int(m.floor_bits))),
+        floor_key(_mm512_set1_epi32(int(m.floor_bits >> m.shift))),
         neg_keys(_mm512_set1_epi32(m.keys)),
-        low_mask(_mm512_set1_epi32((1 << m.shift) - 1)),
+        shift(_mm512_set1_epi32(m.shift)),
+        top_shift(_mm512_set1_epi32(32 - m.shift)),
+        top_mask(_mm512_set1_epi32(int(~0u << (32 - m.shift)))),
         byte(_mm512_set1_epi32(0xff)),
-        last(_mm512_set1_epi32(255)),
-        shift(_mm_cvtsi32_si128(m.shift)),
-        threshold_shift(_mm_cvtsi32_si128(32 - m.shift)) {}
-  // Signed / Checked as Keyed::slot.
-  template <bool Signed = true, bool Checked = true>
+        last(_mm512_set1_epi32(255)) {}
+  template <bool Signed = true, bool Checked = true, bool Clean = true>
   __m512i slot(__m512 s) const {
     const __m512i bits = _mm512_castps_si512(s);
     const __mmask16 ok = Checked ? _mm512_cmp_ps_mask(s, s, _CMP_ORD_Q) : __mmask16(0xffff);
-    __m512i key, low;
+    __m512i key =
+        _mm512_max_epu32(_mm512_srlv_epi32(Signed ? _mm512_and_si512(bits, abs_bits) : bits, shift), floor_key);
+    __m512i low = _mm512_sllv_epi32(bits, top_shift);
     if constexpr (Signed) {
       const __mmask16 neg = _mm512_movepi32_mask(bits);
-      key = _mm512_srl_epi32(_mm512_sub_epi32(_mm512_max_epu32(_mm512_and_si512(bits, abs_bits), floor), floor), shift);
       key = _mm512_mask_add_epi32(key, neg, key, neg_keys);
-      low = _mm512_mask_xor_epi32(_mm512_and_si512(bits, low_mask), neg, _mm512_and_si512(bits, low_mask), low_mask);
-    } else {
-      key = _mm512_srl_epi32(_mm512_sub_epi32(_mm512_max_epu32(bits, floor), floor), shift);
-      low = _mm512_and_si512(bits, low_mask);
+      low = _mm512_mask_xor_epi32(low, neg, low, top_mask);
     }
-    if constexpr (Checked) key = _mm512_maskz_mov_epi32(ok, key);  // NaN: any valid key
-    const __m512i e = _mm512_i32gather_epi32(key, map.entry, 4);
-    __m512i j = _mm512_and_si512(e, byte);
-    j = _mm512_mask_add_epi32(j, _mm512_cmpgt_epi32_mask(low, _mm512_srl_epi32(e, threshold_shift)), j,
-                              _mm512_set1_epi32(1));
+    if constexpr (Checked) key = _mm512_mask_mov_epi32(floor_key, ok, key);  // NaN: any valid key
+    const __m512i e = _mm512_i32gather_epi32(key, entries, 4);
+    __m512i j = _mm512_mask_add_epi32(e, _mm512_cmpgt_epu32_mask(low, e), e, _mm512_set1_epi32(1));
+    if (Clean || map.flagged) j = _mm512_and_si512(j, byte);
     if (map.flagged) {
       __mmask16 more = ok & _mm512_test_epi32_mask(e, _mm512_set1_epi32(0x100));
       for (int k = 0; more && k < map.width; ++k) {
