@@ -81,6 +81,47 @@ def test_quantize_matches_reference_at_every_isa(map_name, dtype):
             assert_same(absmax, want_absmax)
 
 
+def beyond_one() -> torch.Tensor:
+    # Midpoints 1 ulp beyond -1 and 1: the clamp decides the code of a value 2 ulps beyond.
+    code = F.create_dynamic_map(signed=True).float()
+    step = torch.tensor(2.0**-23)
+    code[100], code[200] = -(1 + 2 * step), 1 + 2 * step
+    return code
+
+
+@pytest.mark.parametrize("map_name", ["dynamic", "linear", "unsorted", "beyond_one"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_quantize_blocks_of_extreme_absmax_match_reference(map_name, dtype):
+    # The AVX-512 search takes a block's scaled values unclamped when its absmax is finite: x times the
+    # reciprocal of the absmax stays in [-1, 1] while the reciprocal is normal, and within a few ulps of it
+    # when the reciprocal is subnormal (absmax >= 2^126). Blocks at those ends, and at the smallest scales
+    # (absmax below BNB_MIN_SCALE, where the scale is clamped), must still give the reference's codes.
+    code = beyond_one() if map_name == "beyond_one" else maps()[map_name]
+    g = torch.Generator().manual_seed(11)
+    for blocksize in (64, 4096):
+        blocks = 24
+        x = torch.rand(blocks, blocksize, generator=g, dtype=torch.float64) * 2 - 1
+        # The absmax of each block: its largest |x| scaled to a target, kept exactly as the block's maximum.
+        top = x.abs().argmax(dim=1)
+        rows = torch.arange(blocks)
+        x[rows, top] = torch.copysign(torch.ones(blocks, dtype=x.dtype), x[rows, top])
+        mantissa = 1 + torch.rand(blocks, generator=g, dtype=torch.float64)
+        exponent = torch.tensor([127, 126, 126, 125, 0, -1, -125, -126, -127, -130] * 3, dtype=torch.float64)[:blocks]
+        scale = mantissa * 2.0**exponent
+        # An absmax whose scaled maximum lands 2 ulps beyond 1 (float32 only; bf16 rounds it away).
+        scale[1] = torch.tensor([0x7F4006EE], dtype=torch.int32).view(torch.float32).double()
+        x = (x * scale[:, None]).flatten()
+        x = x.clamp(-torch.finfo(torch.float32).max, torch.finfo(torch.float32).max).to(dtype)
+        x = torch.cat([x, x[: blocksize // 2 + 3]])  # and a partial last block
+        want_q, want_absmax = ref.quantize_blockwise(x, code, blocksize)
+        assert torch.isfinite(want_absmax).all()
+        for name in ISAS:
+            with isa(name):
+                q, absmax = ops.quantize_blockwise(x, code, blocksize)
+            assert torch.equal(q, want_q), (name, blocksize)
+            assert_same(absmax, want_absmax)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_dequantize_matches_reference_at_every_isa(dtype):
     g = torch.Generator().manual_seed(5)

@@ -65,9 +65,12 @@ struct MapInRegisters {
 //   as keyed_slot's strict comparison does;
 // - the slot is the entry's low byte (plus one), so the other bytes need no clearing before a narrowing
 //   store (Clean = false).
-// Signed / Checked as Keyed::slot. Checked = false also takes s unclamped: the caller's s is finite and at
-// most a few ulps beyond [-1, 1] (x times the reciprocal of its block's absmax), and such s share the keys
-// of -1 and 1, whose entries are built for -1 and 1 themselves (nearest_code_build.h caps values at one).
+// Signed / Checked as Keyed::slot. Checked = false also takes s unclamped: the caller's s is x times the
+// reciprocal of its block's finite absmax (or x over the absmax), which never exceeds 1 in magnitude while
+// the reciprocal is normal (checked over every float32 mantissa) and by at most 2 ulps when it is subnormal
+// (absmax >= 2^126). Such s share the keys of -1 and 1, whose entries are built for -1 and 1 themselves
+// (nearest_code_build.h caps values at one), so they get the clamped value's slot
+// (test_quantize_blocks_of_extreme_absmax_match_reference).
 struct Keyed16 {
   const NearestCode& map;
   const void* entries;  // map.entry - floor_bits >> shift: indexed by keys that still hold the floor
