@@ -9,9 +9,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from bitsandbytes_cpu import _C
 
@@ -58,3 +62,31 @@ def test_smoke_and_quick_are_two_modes(tmp_path):
         [sys.executable, str(BENCH), "--smoke", "--quick", "--out", str(tmp_path)], capture_output=True, text=True
     )
     assert done.returncode == 2 and "pick one" in done.stderr
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the driver's flags are x86-64's")
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile bench/optimizer_driver.cpp")
+def test_optimizer_driver_compiles_against_the_kernel_source():
+    # The kernel-level A/B driver includes csrc/kernels/optimizers.cpp as it is: a change to the kernel's
+    # interface must show here, not the next time someone measures with it.
+    backend = BENCH.parent.parent
+    done = subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            "-fsyntax-only",
+            "-mavx2",
+            "-mfma",
+            "-mf16c",
+            "-DBNB_ISA_NS=avx2",
+            "-DBNB_ISA_AVX2=1",
+            "-DLEVEL=avx2",
+            f"-I{backend / 'csrc'}",
+            f"-I{backend.parent / 'core' / 'src' / 'bitsandbytes' / 'include'}",
+            str(BENCH.parent / "optimizer_driver.cpp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
