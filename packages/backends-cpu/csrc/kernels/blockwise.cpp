@@ -54,7 +54,7 @@ int64_t quantize_simd(const typename Elem<D>::T* x, int64_t len, const float* fa
       const __m256 f = _mm256_set1_ps(fac[(i + 8 * k) >> shift]);
       __m256 v = load8<D>(x + i + 8 * k);
       v = Full ? _mm256_mul_ps(v, f) : _mm256_div_ps(v, f);
-      v = _mm256_max_ps(minus_one, _mm256_min_ps(one, v));
+      if (Checked) v = _mm256_max_ps(minus_one, _mm256_min_ps(one, v));  // else no clamp needed (Keyed16)
       j[k] = q.slot<true, Checked>(v);
     }
     __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(j[0], j[1]), _mm256_packs_epi32(j[2], j[3]));

@@ -344,8 +344,9 @@ void quantize_block(const float* __restrict x, int64_t len, float absmax, bool s
       for (; i + 8 <= len; i += 8) {
         __m256 v = _mm256_loadu_ps(x + i);
         __m256 s = full ? _mm256_mul_ps(v, inv) : _mm256_div_ps(v, clamped);
-        s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
-        __m256i slot = keyed.slot<decltype(sign)::value, decltype(check)::value>(s);
+        constexpr bool Checked = decltype(check)::value;  // unchecked s needs no clamp (search8::Keyed16)
+        if (Checked) s = _mm256_min_ps(hi, _mm256_max_ps(lo, s));
+        __m256i slot = keyed.slot<decltype(sign)::value, Checked>(s);
         if (!identity) slot = _mm256_i32gather_epi32(order, slot, 4);
         __m256i packed = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(slot, pick), join);
         _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
