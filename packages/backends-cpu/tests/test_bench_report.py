@@ -247,6 +247,15 @@ def test_an_optimizer_row_that_scales_with_cores_names_the_cores_it_needs():
     assert "take 7 ms" in text
 
 
+def test_a_compute_bound_row_below_its_copy_time_is_not_called_a_physical_limit():
+    # 450 MB at 40 GB/s take 11.25 ms, more than AdamW's 11; but 1 thread 50 ms, 2 threads 25.5 scale with
+    # the cores, and cache-resident arrays beat copy bandwidth: the cores it needs, not "impossible".
+    row = _case("adam8bit/4096x4096", "op", 450_000_000, ours=25.5, ours_1thread=50.0, dense=11.0)
+    (text,) = _limits(row).values()
+    assert text.startswith("compute-bound (scales with the cores)")
+    assert "less than its bytes take at copy bandwidth from DRAM" in text and "about 5 cores" in text
+
+
 def test_an_optimizer_row_that_does_not_scale_is_a_gap_not_a_limit():
     row = _case("adam8bit/4096x4096", "op", 280_000_000, ours=25.0, ours_1thread=30.0, dense=11.0)
     (text,) = _limits(row).values()
